@@ -1,0 +1,27 @@
+"""RedCoda environments: multi-hop QA with search, as Gymnasium envs.
+
+Importing this package registers the RedCoda-* ids and does nothing heavy (no JVM, no torch):
+
+    import gymnasium as gym, envs
+    env = gym.make("RedCoda-HotpotQA-v0")
+"""
+
+from gymnasium.envs.registration import register, registry
+
+from envs.data import QAExample, load_examples
+from envs.rewards import RewardWeights
+
+ENV_IDS = {
+    "RedCoda-HotpotQA-v0": {"dataset": "hotpotqa", "split": "train", "protocol": "flat"},
+    "RedCoda-HotpotQA-CoDA-v0": {"dataset": "hotpotqa", "split": "train", "protocol": "coda"},
+    "RedCoda-MuSiQue-v0": {"dataset": "musique", "split": "dev", "protocol": "flat"},
+    "RedCoda-2Wiki-v0": {"dataset": "2wiki", "split": "dev", "protocol": "flat"},
+    "RedCoda-Bamboogle-v0": {"dataset": "bamboogle", "split": "test", "protocol": "flat"},
+}
+"""Every registered id and the RAGEnv arguments it fixes (others can be passed to gym.make)."""
+
+for _env_id, _kwargs in ENV_IDS.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point="envs.rag_env:RAGEnv", kwargs=_kwargs)
+
+__all__ = ["ENV_IDS", "QAExample", "RewardWeights", "load_examples"]

