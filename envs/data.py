@@ -174,7 +174,9 @@ def _load_cached(dataset: str, path: str) -> tuple[QAExample, ...]:
     return tuple(examples)
 
 
-def load_examples(dataset: str = "hotpotqa", split: str = "train", path: str | os.PathLike | None = None) -> tuple[QAExample, ...]:
+def load_examples(
+    dataset: str = "hotpotqa", split: str = "train", path: str | os.PathLike | None = None
+) -> tuple[QAExample, ...]:
     """Load questions as QAExample records.
 
     Args:

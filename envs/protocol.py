@@ -50,10 +50,15 @@ class ParsedAction:
 
 def _tool_hint(role: str) -> str:
     a, b = ROLE_TOOLS[role]
-    return f"write exactly one <{a}>...</{a}> or <{b}>...</{b}> (optionally after <think>...</think> and <refine>...</refine>)"
+    return (
+        f"write exactly one <{a}>...</{a}> or <{b}>...</{b}> (optionally after <think>...</think> "
+        "and <refine>...</refine>)"
+    )
 
 
-def parse_action(text: str, role: str = "agent", max_chars: int = 16384, max_argument_chars: int = 1024) -> ParsedAction:
+def parse_action(
+    text: str, role: str = "agent", max_chars: int = 16384, max_argument_chars: int = 1024
+) -> ParsedAction:
     """Parse one action of `role` (agent, planner or executor).
 
     Args:
@@ -67,7 +72,9 @@ def parse_action(text: str, role: str = "agent", max_chars: int = 16384, max_arg
     if not isinstance(text, str):
         raise TypeError(f"an action is a str, got {type(text).__name__}")
     if len(text) > max_chars:
-        return ParsedAction(None, "", (), frozenset(), frozenset(), f"action is {len(text)} characters, over the limit of {max_chars}")
+        return ParsedAction(
+            None, "", (), frozenset(), frozenset(), f"action is {len(text)} characters, over the limit of {max_chars}"
+        )
 
     blocks: list[tuple[str, str]] = []
     malformed: set[str] = set()
@@ -114,7 +121,9 @@ def parse_action(text: str, role: str = "agent", max_chars: int = 16384, max_arg
             errors.append(f"<{calls[0][0]}> content is {len(calls[0][1])} characters, over {max_argument_chars}")
     used_ok = frozenset(used - malformed)
     if errors:
-        return ParsedAction(None, "", refines, used_ok, frozenset(malformed), "; ".join(errors) + f": {_tool_hint(role)}")
+        return ParsedAction(
+            None, "", refines, used_ok, frozenset(malformed), "; ".join(errors) + f": {_tool_hint(role)}"
+        )
     tool, argument = calls[0]
     return ParsedAction(tool, argument, refines, used_ok, frozenset(malformed), None)
 

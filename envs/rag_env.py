@@ -180,14 +180,23 @@ class RAGEnv(gym.Env[str, str]):
             raise ValueError(f"corpus must be 'pooled' or 'distractor', got {corpus!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for name, value in (("top_k", top_k), ("max_passage_words", max_passage_words), ("max_turns", max_turns),
-                            ("max_planner_turns", max_planner_turns), ("max_executor_turns", max_executor_turns)):
+        for name, value in (
+            ("top_k", top_k),
+            ("max_passage_words", max_passage_words),
+            ("max_turns", max_turns),
+            ("max_planner_turns", max_planner_turns),
+            ("max_executor_turns", max_executor_turns),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.examples = load_examples(dataset, split, data_path)
         self.dataset, self.split, self.protocol, self.corpus_setting = dataset, split, protocol, corpus
         self.top_k, self.max_passage_words = top_k, max_passage_words
-        self.max_turns, self.max_planner_turns, self.max_executor_turns = max_turns, max_planner_turns, max_executor_turns
+        self.max_turns, self.max_planner_turns, self.max_executor_turns = (
+            max_turns,
+            max_planner_turns,
+            max_executor_turns,
+        )
         self.max_action_chars = max_action_chars
         self.reward_weights = reward_weights
         self.render_mode = render_mode
@@ -356,6 +365,18 @@ class RAGEnv(gym.Env[str, str]):
             index=episode.index,
         )
         return reward
+
+    def end_episode(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """End the running episode now, scored as unanswered (an agent whose context is full calls this).
+
+        Returns:
+            The terminal reward and info, as a truncating `step` would give them (`info["ended_by"]` says why).
+        """
+        if self._episode is None or self._episode.done:
+            raise ResetNeeded("no episode is running; call reset()")
+        self._episode.done = True
+        info: dict[str, Any] = {"ended_by": reason, "role": self._episode.role, "new_context": False}
+        return self._finish(None, info), info
 
     def render(self) -> str | None:
         """The episode transcript (render_mode="ansi"); None otherwise."""

@@ -53,3 +53,15 @@ def split_contents(contents: str, title: str | None = None) -> tuple[str, str]:
     if sep and len(head) >= 2 and head.startswith('"') and head.endswith('"'):
         return (title if title is not None else head[1:-1]), rest
     return (title or ""), contents
+
+
+class SharedIndex:
+    """Mixin for retrievers that hold an index: deep copies return the same object.
+
+    An index is shared by every env that searches it (never one per env); `gym.make` and
+    `check_env` deep-copy env arguments, and copying a Lucene searcher or FAISS index would be both
+    wrong and impossible.
+    """
+
+    def __deepcopy__(self, memo: dict) -> SharedIndex:
+        return self

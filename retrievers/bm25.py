@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from retrievers.base import Passage
+from retrievers.base import Passage, SharedIndex
 from retrievers.corpus import Corpus, cache_root
 
 _JVM_LOCK = threading.Lock()
@@ -79,7 +79,9 @@ def build_lucene_index(corpus: Corpus, out_dir: str | os.PathLike, threads: int 
         with tqdm(total=len(corpus), desc=f"BM25 index {corpus.name}", unit="doc", leave=False) as bar:
             for lo in range(0, len(corpus), batch):
                 hi = min(lo + batch, len(corpus))
-                indexer.add_batch_dict([{"id": corpus.doc_ids[i], "contents": corpus.contents(i)} for i in range(lo, hi)])
+                indexer.add_batch_dict(
+                    [{"id": corpus.doc_ids[i], "contents": corpus.contents(i)} for i in range(lo, hi)]
+                )
                 bar.update(hi - lo)
         indexer.close()
         if out_dir.exists():  # another process won the race; keep theirs
@@ -92,7 +94,7 @@ def build_lucene_index(corpus: Corpus, out_dir: str | os.PathLike, threads: int 
     return out_dir
 
 
-class BM25Retriever:
+class BM25Retriever(SharedIndex):
     """Lucene BM25 (Pyserini `LuceneSearcher`) over a `Corpus`.
 
     Args:

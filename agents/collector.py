@@ -1,0 +1,132 @@
+"""The rollout collector: GRPO groups of episodes as TensorDict batches, behind TorchRL's collector API.
+
+`RolloutCollector` subclasses TorchRL's `BaseCollector` (iterate for batches, `update_policy_weights_`,
+`set_seed`, `state_dict`/`load_state_dict`, `shutdown`), so it composes with TorchRL replay buffers and
+tooling. It does not use TorchRL's LLMCollector: that one resets finished envs mid-batch, which breaks
+batched multi-turn episodes of unequal length. Here every batch is `questions_per_batch` questions x
+`group_size` episodes each, all played to the end by one batched agent call.
+
+Data order is a seeded permutation of the question indices, reshuffled each epoch; the position in it is
+part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
+
+    collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
+    for batch in collector:          # TensorDict of generations (see algos.batch.collate_trajectories)
+        ...
+        collector.update_policy_weights_()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torchrl.collectors import BaseCollector
+
+from agents.records import Trajectory
+
+
+class RolloutCollector(BaseCollector):
+    """Collects GRPO groups: G episodes per question, a batch of questions per iteration.
+
+    Args:
+        env_fn: builds one env (all envs share one retriever index).
+        agent: a batched agent (`SearchR1Agent`, `CodaAgent`, `OracleAgent`, ...).
+        questions_per_batch: distinct questions per batch.
+        group_size: episodes per question (G).
+        total_batches: stop after this many batches (-1: never).
+        indices: question indices to draw from (default: all of the env's split).
+        seed: seeds the data order and the agent's sampling.
+    """
+
+    def __init__(
+        self,
+        env_fn: Callable[[], Any],
+        agent: Any,
+        questions_per_batch: int,
+        group_size: int,
+        total_batches: int = -1,
+        indices: Sequence[int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if questions_per_batch < 1 or group_size < 1:
+            raise ValueError("questions_per_batch and group_size must be >= 1")
+        self.agent = agent
+        self.questions_per_batch, self.group_size = questions_per_batch, group_size
+        self.total_batches = total_batches
+        self.envs = [env_fn() for _ in range(questions_per_batch * group_size)]
+        self.indices = np.asarray(indices if indices is not None else range(self.envs[0].unwrapped.num_examples))
+        if len(self.indices) == 0:
+            raise ValueError("no questions to collect on")
+        self.set_seed(seed)
+        self.last_trajectories: list[Trajectory] = []
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        self.seed = int(seed)
+        self.batches_done = 0
+        self._epoch, self._position = 0, 0
+        self._order = self._permutation(0)
+        return self.seed
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.indices)
+
+    def _next_questions(self) -> list[int]:
+        out = []
+        while len(out) < self.questions_per_batch:
+            if self._position == len(self._order):
+                self._epoch, self._position = self._epoch + 1, 0
+                self._order = self._permutation(self._epoch)
+            out.append(int(self._order[self._position]))
+            self._position += 1
+        return out
+
+    def collect(self) -> list[Trajectory]:
+        """Play the next batch of GRPO groups to the end and return its trajectories."""
+        questions = self._next_questions()
+        indices = [q for q in questions for _ in range(self.group_size)]
+        group_ids = [
+            self.batches_done * self.questions_per_batch + i
+            for i, _ in enumerate(questions)
+            for _ in range(self.group_size)
+        ]
+        trajectories = self.agent.rollout(self.envs, indices, group_ids, seed=self.seed * 1_000_003 + self.batches_done)
+        self.batches_done += 1
+        self.last_trajectories = trajectories
+        return trajectories
+
+    def iterator(self) -> Iterator[Any]:
+        from algos.batch import collate_trajectories
+
+        pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
+        while self.total_batches < 0 or self.batches_done < self.total_batches:
+            yield collate_trajectories(self.collect(), pad_token_id=pad)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterator()
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """Make the agent sample from the newest weights.
+
+        The transformers sampler shares the trainer's model object, so there is nothing to copy; a sampler
+        with its own engine (vLLM) exposes `load_weights(named_tensors)`, which gets the trainer's weights.
+        """
+        sampler = getattr(self.agent, "sampler", None)
+        if policy_or_weights is not None and hasattr(sampler, "load_weights"):
+            weights = policy_or_weights.state_dict() if hasattr(policy_or_weights, "state_dict") else policy_or_weights
+            sampler.load_weights(dict(weights).items())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the data order stands (seed, epoch, position, batches done)."""
+        return {"seed": self.seed, "epoch": self._epoch, "position": self._position, "batches_done": self.batches_done}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.seed = int(state_dict["seed"])
+        self._epoch, self._position = int(state_dict["epoch"]), int(state_dict["position"])
+        self.batches_done = int(state_dict["batches_done"])
+        self._order = self._permutation(self._epoch)
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        if close_env:
+            for env in self.envs:
+                env.close()

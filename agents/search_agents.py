@@ -1,0 +1,236 @@
+"""LLM agents that act in RAGEnv: the flat Search-R1 agent and the hierarchical CoDA agent.
+
+Both act on a whole batch of envs at once: each turn, one `Sampler.generate` call over every active
+episode's current context; finished episodes stop generating. Contexts are token ids, so the loss mask
+is exact: the chat-template prompt and every observation the env inserts are mask 0, the tokens the
+model sampled are mask 1 with their sampling log-probs.
+
+Context routing follows the env's info: an observation is appended to the context of the role that acts
+next (`info["role"]`); `info["new_context"]` opens a fresh context from `info["system_prompt"]` and
+`info["user_message"]`. So the flat agent keeps one growing context (Search-R1), and the CoDA agent keeps
+the planner's context for the whole episode while each executor task starts in a fresh context that is
+closed (and forgotten) when its answer returns to the planner as <result>.
+
+    agent = SearchR1Agent(HFSampler(*load_model()))
+    trajectories = agent.rollout(envs, indices=[3, 3, 7, 7], group_ids=[0, 0, 1, 1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.records import Completion, Generation, SamplingParams, Trajectory
+from agents.samplers import Sampler, encode_chat, overflow
+
+STOP = ("</search>", "</answer>", "</task>")
+"""A tool call ends a turn: sampling stops right after its closing tag."""
+
+
+class Agent(Protocol):
+    """Anything that plays a batch of episodes to the end."""
+
+    def rollout(
+        self,
+        envs: Sequence[Any],
+        indices: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+    ) -> list[Trajectory]:
+        """Reset `envs[i]` on question `indices[i]`, act until every episode ends, return one Trajectory each."""
+        ...
+
+
+@dataclass
+class _Context:
+    """One model context being built: tokens, mask and log-probs stay aligned."""
+
+    role: str
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    truncated_tokens: int = 0
+
+    def add_prompt(self, ids: Sequence[int]) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def add_sample(self, completion: Completion) -> None:
+        self.token_ids.extend(completion.token_ids)
+        self.loss_mask.extend([1] * len(completion.token_ids))
+        self.logprobs.extend(completion.logprobs)
+
+    def freeze(self) -> Generation:
+        return Generation(
+            tuple(self.token_ids), tuple(self.loss_mask), tuple(self.logprobs), self.role, self.truncated_tokens
+        )
+
+
+@dataclass
+class _Slot:
+    """One env's episode in the batch."""
+
+    env: Any
+    index: int
+    group_id: int
+    context: _Context | None = None
+    parked: list[_Context] = field(default_factory=list)
+    """Contexts waiting for control to come back (a planner while its executor works)."""
+    closed: list[Generation] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    last_obs: str = ""
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    sampler_errors: int = 0
+
+
+class ContextAgent:
+    """A batched LLM agent whose contexts follow the env's role and new-context signals.
+
+    Args:
+        sampler: the policy's sampler.
+        params: sampling parameters; `stop` defaults to the tool-call closing tags.
+        executor_sampler: a different sampler for CoDA executor contexts (default: `sampler`).
+        executor_params: sampling parameters for executor turns (default: `params`).
+        max_context_tokens: a context that would grow past this many tokens ends its episode as truncated.
+    """
+
+    protocol: str | None = None
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        params: SamplingParams = SamplingParams(max_new_tokens=128, temperature=1.0),
+        *,
+        executor_sampler: Sampler | None = None,
+        executor_params: SamplingParams | None = None,
+        max_context_tokens: int = 4096,
+    ) -> None:
+        self.sampler = sampler
+        self.params = params if params.stop else _with_stop(params)
+        self.executor_sampler = executor_sampler or sampler
+        self.executor_params = _with_stop(executor_params) if executor_params else self.params
+        self.max_context_tokens = max_context_tokens
+
+    def _check_env(self, env: Any) -> None:
+        protocol = getattr(env.unwrapped, "protocol", None)
+        if self.protocol is not None and protocol != self.protocol:
+            raise ValueError(
+                f"{type(self).__name__} acts in the {self.protocol!r} protocol; this env uses {protocol!r}"
+            )
+
+    def _tokenizer(self, role: str) -> Any:
+        return (self.executor_sampler if role == "executor" else self.sampler).tokenizer
+
+    def _open(self, role: str, info: dict[str, Any]) -> _Context:
+        messages = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": "user", "content": info["user_message"]},
+        ]
+        context = _Context(role, [], [], [])
+        context.add_prompt(encode_chat(self._tokenizer(role), messages))
+        return context
+
+    def rollout(
+        self,
+        envs: Sequence[Any],
+        indices: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+    ) -> list[Trajectory]:
+        if len(envs) != len(indices):
+            raise ValueError(f"{len(envs)} envs but {len(indices)} question indices")
+        group_ids = list(group_ids) if group_ids is not None else list(indices)
+        slots = []
+        for i, (env, index, group) in enumerate(zip(envs, indices, group_ids, strict=True)):
+            self._check_env(env)
+            obs, info = env.reset(seed=None if seed is None else seed + i, options={"index": int(index)})
+            slots.append(_Slot(env, int(index), int(group), context=self._open(info["role"], info)))
+
+        turn = 0
+        while live := [slot for slot in slots if not slot.done]:
+            self._turn(live, None if seed is None else seed + 7919 * (turn + 1))
+            turn += 1
+        return [
+            Trajectory(s.index, s.group_id, tuple(s.closed), s.reward, dict(s.info), tuple(s.actions)) for s in slots
+        ]
+
+    def _turn(self, live: list[_Slot], seed: int | None) -> None:
+        """One turn of every live episode: sample an action per context, then step its env."""
+        for slot, completion in zip(live, self._act(live, seed), strict=True):
+            self._apply(slot, completion)
+
+    def _act(self, live: list[_Slot], seed: int | None) -> list[Completion]:
+        """Sample the next action of every live context: one generate call per sampler in use."""
+        split_executors = self.executor_sampler is not self.sampler or self.executor_params != self.params
+        groups: dict[bool, list[int]] = {}
+        for i, slot in enumerate(live):
+            groups.setdefault(split_executors and slot.context.role == "executor", []).append(i)
+        out: list[Completion | None] = [None] * len(live)
+        for is_executor, rows in groups.items():
+            sampler = self.executor_sampler if is_executor else self.sampler
+            params = self.executor_params if is_executor else self.params
+            if seed is not None:
+                params = SamplingParams(**{**params.__dict__, "seed": seed + int(is_executor)})
+            completions = sampler.generate([live[i].context.token_ids for i in rows], params)
+            for i, completion in zip(rows, completions, strict=True):
+                context = live[i].context
+                dropped = overflow(len(context.token_ids), params.max_new_tokens, sampler.max_context)
+                context.truncated_tokens = max(context.truncated_tokens, dropped)
+                out[i] = completion
+        return out  # type: ignore[return-value]
+
+    def _apply(self, slot: _Slot, completion: Completion) -> None:
+        if completion.finish_reason == "error":
+            slot.sampler_errors += 1  # recorded; the env sees the empty action as an invalid turn
+        slot.context.add_sample(completion)
+        action = completion.text
+        slot.actions.append(action)
+        obs, reward, terminated, truncated, info = slot.env.step(action)
+        slot.last_obs, role = obs, info["role"]
+        if terminated or truncated:
+            self._finish(slot, float(reward), info)
+            return
+        if info["new_context"]:  # a planner hands a task to a fresh executor context; the planner waits
+            slot.parked.append(slot.context)
+            slot.context = self._open(role, info)
+            return
+        if role != slot.context.role:  # the executor answered: close its context, resume the planner's
+            slot.closed.append(slot.context.freeze())
+            slot.context = slot.parked.pop()
+        slot.context.add_prompt(self._tokenizer(role)(obs, add_special_tokens=False)["input_ids"])
+        if len(slot.context.token_ids) + self.params.max_new_tokens > self.max_context_tokens:
+            reward, info = slot.env.unwrapped.end_episode("the agent's context is full")
+            self._finish(slot, reward, {**info, "context_overflow": True})
+
+    @staticmethod
+    def _finish(slot: _Slot, reward: float, info: dict[str, Any]) -> None:
+        slot.closed.append(slot.context.freeze())
+        slot.closed.extend(context.freeze() for context in reversed(slot.parked))
+        slot.reward, slot.info, slot.done = reward, {**info, "sampler_errors": slot.sampler_errors}, True
+
+
+def _with_stop(params: SamplingParams) -> SamplingParams:
+    return params if params.stop else SamplingParams(**{**params.__dict__, "stop": STOP})
+
+
+class SearchR1Agent(ContextAgent):
+    """The flat agent (Search-R1 / AutoRefine): one growing context per episode, for protocol="flat"."""
+
+    protocol = "flat"
+
+
+class CodaAgent(ContextAgent):
+    """The hierarchical CoDA agent, for protocol="coda".
+
+    The planner's context lives for the whole episode and sees only tasks and <result> answers; each
+    executor task runs in a fresh context (instructions + task) that is closed when it answers, so its
+    search results never enter the planner's context. Planner and executor may use different samplers
+    (`executor_sampler`) and sampling parameters (`executor_params`); by default one model plays both
+    roles (CoDA's shared-policy setting) and one generate call per turn covers both roles.
+    """
+
+    protocol = "coda"

@@ -1,0 +1,32 @@
+"""Shared fixtures. Tests are hermetic: bundled data, indexes built locally, no network."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Indexes and converted models are cached inside the checkout (git-ignored), never in a user's home.
+os.environ.setdefault("REDCODA_CACHE", str(ROOT / ".cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def hotpot_corpus():
+    """The bundled 17,645-paragraph HotpotQA corpus."""
+    from envs.rag_env import dataset_corpus
+
+    return dataset_corpus("hotpotqa")
+
+
+@pytest.fixture(scope="session")
+def bm25(hotpot_corpus):
+    """The shared real Lucene BM25 index over the bundled corpus (built once, cached on disk)."""
+    from retrievers.bm25 import BM25Retriever
+
+    return BM25Retriever.for_corpus(hotpot_corpus)

@@ -1,0 +1,239 @@
+"""RAGEnv through Gymnasium: registry-wide checks, scripted episodes on real rows, bad input."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import ResetNeeded
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs.rewards import RewardWeights, episode_reward
+
+MAX_REWARD = RewardWeights().maximum
+
+
+def make(env_id: str = "RedCoda-HotpotQA-v0", **kwargs):
+    return gym.make(env_id, **kwargs)
+
+
+@pytest.mark.parametrize("env_id", sorted(envs.ENV_IDS))
+def test_check_env_passes_for_every_id(env_id, bm25):
+    kwargs = {"retriever": bm25} if "Bamboogle" in env_id else {}
+    env = make(env_id, **kwargs)
+    check_env(env.unwrapped, skip_render_check=True)
+    check_env(make(env_id, render_mode="ansi", **kwargs).unwrapped)
+
+
+def test_importing_envs_starts_no_jvm_and_no_torch():
+    import subprocess
+    import sys
+
+    code = "import envs, sys, jnius_config; assert not jnius_config.vm_running; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def oracle_flat_actions(example) -> list[str]:
+    titles = example.gold_titles
+    searches = [f"<think>I need {title}.</think><search>{title}</search>" for title in titles]
+    evidence = " ".join(s for t in titles for s in example.supporting_sentences(t))
+    return [
+        *searches,
+        f"<refine>{evidence} So the answer is {example.answer}.</refine><answer>{example.answer}</answer>",
+    ]
+
+
+def oracle_coda_actions(example) -> list[str]:
+    actions = []
+    for title in example.gold_titles:
+        actions += [
+            f"<think>Find {title}.</think><task>What does {title} say?</task>",
+            f"<search>{title}</search>",
+            f"<refine>{' '.join(example.supporting_sentences(title))} {example.answer}</refine>"
+            f"<answer>{title}</answer>",
+        ]
+    return [*actions, f"<think>Done.</think><answer>{example.answer}</answer>"]
+
+
+def run(env, index: int, actions: list[str]):
+    obs, info = env.reset(options={"index": index})
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return reward, terminated, truncated, info
+    raise AssertionError("episode did not end")
+
+
+@pytest.mark.parametrize("index", [0, 3, 17, 101])
+def test_scripted_flat_episode_reaches_max_reward(index):
+    env = make()
+    example = env.unwrapped.examples[index]
+    reward, terminated, truncated, info = run(env, index, oracle_flat_actions(example))
+    assert terminated and not truncated
+    assert info["f1"] == info["em"] == 1.0
+    assert info["format"] == info["refine"] == 1.0
+    assert info["recall"] == 1.0 and info["num_searches"] == len(example.gold_titles)
+    assert reward == pytest.approx(MAX_REWARD)
+
+
+@pytest.mark.parametrize("index", [0, 3, 17])
+def test_scripted_coda_episode_reaches_max_reward(index):
+    env = make("RedCoda-HotpotQA-CoDA-v0", max_planner_turns=4)
+    example = env.unwrapped.examples[index]
+    obs, info = env.reset(options={"index": index})
+    assert info["role"] == "planner" and info["new_context"]
+    roles = []
+    for action in oracle_coda_actions(example):
+        obs, reward, terminated, truncated, info = env.step(action)
+        roles.append((info["role"], info["new_context"]))
+        if info["role"] == "planner":
+            assert "<information>" not in obs  # raw documents never reach the planner
+    assert roles[:3] == [("executor", True), ("executor", False), ("planner", False)]
+    assert terminated and not truncated
+    assert info["f1"] == 1.0 and info["format"] == 1.0 and info["refine"] == 1.0 and info["recall"] == 1.0
+    assert reward == pytest.approx(MAX_REWARD)
+
+
+def test_wrong_answer_scores_as_the_formula_says():
+    env = make()
+    reward, terminated, _, info = run(env, 3, ["<search>Qazi Touqeer</search>", "<answer>Srinagar</answer>"])
+    assert terminated and info["f1"] == 0.0 and info["format"] == 0.5 and info["refine"] == 0.0
+    assert reward == pytest.approx(episode_reward(0.0, 0.5, 0.0)) == pytest.approx(-2.95)
+
+
+def test_truncation_scores_as_no_answer():
+    env = make(max_turns=2)
+    reward, terminated, truncated, info = run(env, 0, ["<search>a</search>", "<search>b</search>"])
+    assert truncated and not terminated and info["answer"] is None and info["f1"] == 0.0
+    assert reward == pytest.approx(-3 + 0.1 * 0.25)
+
+
+def test_coda_executor_limit_returns_no_answer_and_planner_limit_truncates():
+    env = make("RedCoda-HotpotQA-CoDA-v0", max_executor_turns=2, max_planner_turns=2)
+    env.reset(options={"index": 0})
+    env.step("<task>find it</task>")
+    env.step("<search>q1</search>")
+    obs, _, _, _, info = env.step("<search>q2</search>")
+    assert info["role"] == "planner" and info["executor_truncated"] and "<result>no answer" in obs
+    obs, reward, terminated, truncated, info = env.step("<task>again</task>")
+    assert info["role"] == "executor" and not truncated
+    env.step("<answer>x</answer>")
+    # planner used 2 turns and got control back: truncated
+    assert env.unwrapped._episode.done
+
+
+def test_same_seed_same_episode_and_np_random_choice():
+    env = make()
+    obs_a, info_a = env.reset(seed=123)
+    obs_b, info_b = env.reset(seed=123)
+    assert obs_a == obs_b and info_a["index"] == info_b["index"]
+    indices = {env.reset(seed=s)[1]["index"] for s in range(20)}
+    assert len(indices) > 10
+
+
+def test_vector_env_steps_in_lockstep():
+    vec = gym.make_vec("RedCoda-HotpotQA-v0", num_envs=8, vectorization_mode="sync")
+    obs, info = vec.reset(seed=0, options={"index": 5})  # a GRPO group: 8 envs, one question
+    assert len(set(obs)) == 1 and list(info["index"]) == [5] * 8
+    actions = tuple(["<search>Ed Wood</search>"] * 4 + ["<answer>yes</answer>"] * 4)
+    obs, rewards, terminated, truncated, info = vec.step(actions)
+    assert list(terminated) == [False] * 4 + [True] * 4
+    assert np.all(rewards[:4] == 0) and np.all(rewards[4:] < 0)
+    assert all("<information>" in o for o in obs[:4])
+    vec.close()
+
+
+def test_distractor_setting_searches_only_own_paragraphs():
+    env = make(corpus="distractor")
+    obs, info = env.reset(options={"index": 3})
+    own = {title for title, _ in env.unwrapped.examples[3].paragraphs}
+    obs, *_, info = env.step("<search>singer born Kolkata Fame Gurukul</search>")
+    titles = [line.split('(Title: "')[1].split('")')[0] for line in obs.split("Doc ")[1:]]
+    assert titles and set(titles) <= own
+
+
+def test_top_k_and_passage_length_are_arguments():
+    env = make(top_k=5, max_passage_words=10)
+    env.reset(options={"index": 0})
+    obs, *_ = env.step("<search>Ed Wood film</search>")
+    docs = obs.strip().removeprefix("<information>").removesuffix("</information>").split("\n")
+    assert len(docs) == 5
+    assert all(len(d.split(") ", 1)[1].split()) <= 11 for d in docs)
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "<search>unclosed",
+        "<answer>a</answer><answer>b</answer>",
+        "<think><search>nested</search></think>",
+        "<search>   </search>",
+        "x" * (1 << 20),
+        "no tags at all, just prose with ünïcödé 中文",
+        "\x00\ud7ff binary-ish \U0001f600",
+    ],
+)
+def test_agent_mistakes_are_observations(action):
+    env = make()
+    env.reset(options={"index": 0})
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert info["invalid_action"] and "Invalid action" in obs and info["error"]
+    assert reward == 0.0 and not terminated
+    obs, reward, terminated, truncated, info = env.step("<answer>x</answer>")
+    assert terminated and info["invalid_actions"] == 1
+
+
+def test_non_ascii_query_is_searched():
+    env = make()
+    env.reset(options={"index": 3})
+    obs, *_, info = env.step("<search>قاضی توقیر Kashmiri singer</search>")
+    assert not info["invalid_action"] and "Qazi" in obs
+
+
+def test_misuse_raises_clear_errors(tmp_path):
+    env = make()
+    with pytest.raises(ResetNeeded):
+        env.unwrapped.step("<answer>x</answer>")
+    env.reset(options={"index": 0})
+    env.step("<answer>x</answer>")
+    with pytest.raises(ResetNeeded, match="reset"):
+        env.unwrapped.step("<answer>x</answer>")
+    with pytest.raises(IndexError, match="out of range"):
+        env.reset(options={"index": 10_000})
+    with pytest.raises(FileNotFoundError):
+        make(data_path=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="retriever="):
+        make("RedCoda-Bamboogle-v0")
+    with pytest.raises(ValueError, match="protocol"):
+        make(protocol="tree")
+    with pytest.raises(TypeError, match="search"):
+        make(retriever=object())
+
+
+def test_official_hotpotqa_json_file_loads(tmp_path):
+    import json
+
+    from envs.data import bundled_path
+    from retrievers.corpus import open_text
+
+    rows = [json.loads(line) for line, _ in zip(open_text(bundled_path("hotpotqa", "dev")), range(5), strict=False)]
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(rows))
+    env = make(data_path=str(path), split="dev")
+    assert env.unwrapped.num_examples == 5
+    obs, info = env.reset(options={"index": 4})
+    assert rows[4]["question"] in obs
+
+
+def test_render_ansi_shows_the_transcript():
+    env = make(render_mode="ansi")
+    env.reset(options={"index": 0})
+    env.step("<search>Ed Wood</search>")
+    text = env.render()
+    assert "[agent] <search>Ed Wood</search>" in text and "<information>" in text
+
+
+def test_one_index_serves_many_envs():
+    a, b = make(), make("RedCoda-HotpotQA-CoDA-v0")
+    assert a.unwrapped.retriever is b.unwrapped.retriever
