@@ -1,0 +1,231 @@
+"""GRPO loss terms as pure functions of tensors.
+
+Every function here takes per-token tensors in the layout made by `algos.batch` (position t of a
+`(N, T-1)` tensor is about token t+1 of `input_ids`) and a float or bool mask of the same shape that is
+1 on the tokens the loss sees. Loss terms are returned under keys named ``loss_*`` and summed by
+`total_loss`, as TorchRL objectives do, so a trainer adds a term by adding a key:
+
+    adv = group_advantages(rewards, group_id)  # (B,)
+    terms = policy_loss(logp, batch["old_logp"], batch["adv"], batch["loss_mask"])
+    terms["loss_sft"] = w * sft_coef * sft_loss(sft_logp, sft_batch["loss_mask"])
+    total_loss(terms).backward()
+
+Normalization: token-level mean over every masked token of the batch (DAPO, Search-R1's
+``token-mean``), not a per-sequence mean. Each sampled token then carries the same weight whatever the
+length of the context it sits in: a CoDA episode's short executor answers do not outweigh the
+planner's long reasoning, and how many contexts an episode was split into does not change how much its
+tokens count. Every function takes ``num_tokens`` so a trainer that splits a batch into micro-batches
+(gradient accumulation) can divide by the token count of the whole batch and get the same gradient.
+
+TorchRL's ``GRPOLoss`` computes the same clipped objective but needs its own actor wrapper, reward
+shaped ``(B, 1, 1)`` and ``masking_strategy="rlhf"`` for multi-turn contexts; these functions work on
+the plain tensors our collector already has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import Tensor
+
+__all__ = [
+    "entropy_estimate",
+    "group_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "policy_loss",
+    "sft_loss",
+    "total_loss",
+]
+
+
+def masked_mean(values: Tensor, mask: Tensor, num_tokens: float | Tensor | None = None) -> Tensor:
+    """Sum of ``values`` over masked positions divided by the number of masked positions.
+
+    Unmasked positions are selected away (not multiplied by 0), so inf or NaN there never leak into the
+    result or its gradient.
+
+    Args:
+        values: Per-token values, any shape.
+        mask: Same shape as ``values``; nonzero where a token counts.
+        num_tokens: Divisor to use instead of ``mask.sum()`` (the whole batch's count when ``values`` is
+            one micro-batch of it). An empty mask gives 0, never NaN.
+
+    Returns:
+        A scalar tensor.
+    """
+    keep = mask.bool()
+    total = torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
+    if num_tokens is None:
+        num_tokens = keep.sum()
+    return total / torch.as_tensor(num_tokens, dtype=values.dtype, device=values.device).clamp_min(1)
+
+
+def group_advantages(rewards: Tensor, group_id: Tensor, eps: float = 1e-6, scale: bool = True) -> Tensor:
+    """GRPO advantages: each episode's reward minus its group's mean, divided by the group's std.
+
+    A group is the G rollouts of one question. The std is the unbiased sample std (``torch.std``, as
+    verl's GRPO estimator, which Search-R1 trains with). A group whose rewards are all equal (or that
+    holds a single episode) has no signal and gets advantage 0 exactly, whatever ``eps``.
+
+    Args:
+        rewards: Episode rewards, shape ``(B,)``.
+        group_id: Integer group of each episode, shape ``(B,)``; any values, need not be contiguous.
+        eps: Added to the std before dividing.
+        scale: Divide by the group std (GRPO). False keeps only the mean-centering (Dr. GRPO).
+
+    Returns:
+        Advantages, shape ``(B,)``, same dtype as ``rewards``.
+    """
+    if rewards.ndim != 1 or rewards.shape != group_id.shape:
+        raise ValueError(f"rewards and group_id must both be (B,), got {rewards.shape} and {group_id.shape}")
+    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    _, group = torch.unique(group_id, return_inverse=True)  # (B,) in 0..num_groups-1
+    num_groups = int(group.max()) + 1 if group.numel() else 0
+    count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, group, torch.ones_like(rewards)
+    )  # (num_groups,)
+    mean = torch.zeros_like(count).index_add_(0, group, rewards) / count  # (num_groups,)
+    centered = rewards - mean[group]  # (B,)
+    sq = torch.zeros_like(count).index_add_(0, group, centered.square())
+    std = (sq / (count - 1).clamp_min(1)).sqrt()  # (num_groups,)
+    # Exact equality, not std < tol: a mean of equal floats can be off by one ulp.
+    hi = torch.full_like(count, -torch.inf).scatter_reduce(0, group, rewards, "amax")
+    lo = torch.full_like(count, torch.inf).scatter_reduce(0, group, rewards, "amin")
+    flat = (hi == lo)[group]  # (B,)
+    adv = centered / (std[group] + eps) if scale else centered
+    return torch.where(flat, torch.zeros_like(adv), adv)
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    num_tokens: float | Tensor | None = None,
+) -> TensorDict:
+    """Clipped token-level policy-gradient loss (PPO/GRPO), averaged over masked tokens.
+
+    Per token, with ``r = exp(logp - old_logp)``: ``max(-adv * r, -adv * clip(r, 1 - clip_eps,
+    1 + clip_eps_high))``; then the masked token mean (see the module docstring).
+
+    Args:
+        logp: Log-probs of the taken tokens under the current policy, ``(N, L)``, differentiable.
+        old_logp: Log-probs under the sampling policy, ``(N, L)``; treated as constants.
+        adv: Advantage per generation ``(N,)`` (broadcast over tokens) or per token ``(N, L)``.
+        mask: ``(N, L)``, nonzero on tokens the loss sees.
+        clip_eps: Lower clip, ratio floor ``1 - clip_eps``.
+        clip_eps_high: Upper clip, ratio ceiling ``1 + clip_eps_high``; None uses ``clip_eps``
+            (DAPO's clip-higher sets it larger, e.g. 0.28).
+        num_tokens: Divisor instead of ``mask.sum()`` (see `masked_mean`).
+
+    Returns:
+        A TensorDict (batch size ``[]``) with ``loss_pg`` (differentiable scalar), ``clip_fraction``
+        (share of masked tokens whose ratio lies outside the clip window) and ``approx_kl`` (k3 estimate of
+        KL(old || current) over masked tokens, ``mean(r - 1 - log r)``), both detached.
+    """
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(-1)  # (N, 1), broadcasts over tokens
+    keep = mask.bool()
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    # Zero the log-ratio off the mask before exp: garbage there (e.g. -inf padding) would give inf * 0.
+    log_ratio = torch.where(keep, logp - old_logp.detach(), torch.zeros((), dtype=logp.dtype, device=logp.device))
+    ratio = log_ratio.exp()  # (N, L)
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    loss_pg = masked_mean(torch.maximum(pg_unclipped, pg_clipped), mask, num_tokens)
+    with torch.no_grad():
+        outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(logp.dtype)
+        clip_fraction = masked_mean(outside, mask)
+        approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
+    return TensorDict({"loss_pg": loss_pg, "clip_fraction": clip_fraction, "approx_kl": approx_kl}, batch_size=[])
+
+
+def kl_penalty(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    kind: Literal["k1", "k2", "k3"] = "k3",
+    num_tokens: float | Tensor | None = None,
+) -> Tensor:
+    """Masked token mean of a sampled estimate of KL(current || reference).
+
+    With ``d = ref_logp - logp`` on tokens sampled from the current policy (Schulman's estimators):
+    k1 ``= -d`` (unbiased, high variance, can be negative), k2 ``= d**2 / 2``, k3 ``= exp(d) - d - 1``
+    (unbiased, always >= 0; the GRPO paper's choice).
+
+    Args:
+        logp: Current log-probs ``(N, L)``, differentiable.
+        ref_logp: Reference-model log-probs ``(N, L)``; treated as constants.
+        mask: ``(N, L)``, nonzero on tokens the penalty sees.
+        kind: Which estimator.
+        num_tokens: Divisor instead of ``mask.sum()`` (see `masked_mean`).
+
+    Returns:
+        A scalar tensor (multiply by a coefficient and store it as ``loss_kl``).
+    """
+    keep = mask.bool()
+    d = torch.where(keep, ref_logp.detach() - logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    if kind == "k1":
+        per_token = -d
+    elif kind == "k2":
+        per_token = 0.5 * d.square()
+    elif kind == "k3":
+        per_token = d.exp() - d - 1.0
+    else:
+        raise ValueError(f"kind must be 'k1', 'k2' or 'k3', got {kind!r}")
+    return masked_mean(per_token, mask, num_tokens)
+
+
+def sft_loss(logp: Tensor, mask: Tensor, num_tokens: float | Tensor | None = None) -> Tensor:
+    """Masked cross-entropy: minus the token mean of the demonstration tokens' log-probs.
+
+    Args:
+        logp: Log-probs of the demonstration's next tokens ``(N, L)``, from `algos.batch.token_logprobs`
+            (which is where logits become log-probs).
+        mask: ``(N, L)``, nonzero on the assistant tokens.
+        num_tokens: Divisor instead of ``mask.sum()`` (see `masked_mean`).
+
+    Returns:
+        A differentiable scalar tensor.
+    """
+    return -masked_mean(logp, mask, num_tokens)
+
+
+def entropy_estimate(old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Entropy estimate of the sampling policy on an RL batch: ``-mean(old_logp)`` over masked tokens.
+
+    Tokens sampled from a distribution have expected ``-log p`` equal to its entropy, so this needs no
+    forward pass (RED's H_rl input).
+
+    Args:
+        old_logp: Sampling log-probs ``(N, L)``.
+        mask: ``(N, L)``, nonzero on sampled tokens.
+
+    Returns:
+        A detached scalar tensor, in nats.
+    """
+    return -masked_mean(old_logp.detach(), mask)
+
+
+def total_loss(terms: Mapping[str, Tensor] | TensorDictBase) -> Tensor:
+    """Sum of the entries whose key starts with ``loss_`` (metrics under other keys are ignored).
+
+    Args:
+        terms: Named scalars, e.g. the output of `policy_loss` with ``loss_sft`` and ``loss_kl`` added.
+
+    Returns:
+        The scalar to call ``backward`` on.
+
+    Raises:
+        ValueError: No key starts with ``loss_``.
+    """
+    losses = [terms[key] for key in terms.keys() if isinstance(key, str) and key.startswith("loss_")]
+    if not losses:
+        raise ValueError(f"no loss_* term among keys {list(terms.keys())}")
+    return sum(losses[1:], start=losses[0])
