@@ -18,10 +18,20 @@ ENV_IDS = {
     "RedCoda-2Wiki-v0": {"dataset": "2wiki", "split": "dev", "protocol": "flat"},
     "RedCoda-Bamboogle-v0": {"dataset": "bamboogle", "split": "test", "protocol": "flat"},
 }
-"""Every registered id and the RAGEnv arguments it fixes (others can be passed to gym.make)."""
+"""Every registered RAGEnv id and the arguments it fixes (others can be passed to gym.make)."""
+
+OTHER_ENV_IDS = {
+    "RedCoda-QueryRewrite-v0": "envs.query_rewrite:QueryRewriteEnv",
+    "RedCoda-Task-v0": "envs.tasks:TaskEnv",
+}
+"""Registered ids of the other envs and their entry points. RedCoda-Task-v0 needs task_file=PATH and
+trust_code=True (loading a task file runs its code), or task=Task(...)."""
 
 for _env_id, _kwargs in ENV_IDS.items():
     if _env_id not in registry:
         register(id=_env_id, entry_point="envs.rag_env:RAGEnv", kwargs=_kwargs)
+for _env_id, _entry_point in OTHER_ENV_IDS.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_entry_point)
 
-__all__ = ["ENV_IDS", "QAExample", "RewardWeights", "load_examples"]
+__all__ = ["ENV_IDS", "OTHER_ENV_IDS", "QAExample", "RewardWeights", "load_examples"]

@@ -1,0 +1,181 @@
+"""`Sampler` over an OpenAI-compatible `/v1/completions` endpoint, to evaluate hosted or served models.
+
+Prompts travel as text (the token ids decoded with the given tokenizer, special tokens included), one
+HTTP request per row, a few rows in flight at once. Completions come back as text and are mapped to
+token ids in one of two ways:
+- exact, when the server returns its tokens as ids (vLLM's `return_tokens_as_token_ids`, sent through
+  `extra_body`): the sampled ids and their log-probs as the server reports them;
+- otherwise the text is tokenized with the given tokenizer, and the server's log-probs are kept only when
+  its token count matches ours (NaN per token when not: they cannot be aligned).
+
+OpenAI-style servers drop the stop string from the text; it is put back so `text` ends with it, as with
+the other samplers: from vLLM's `stop_reason` when the server sends one, else (OpenAI) by closing the
+tag that is still open when the stop strings are closing tags such as `</search>`.
+
+    sampler = OpenAISampler("http://127.0.0.1:8000/v1", "Qwen/Qwen2.5-7B-Instruct", tokenizer,
+                            extra_body={"return_tokens_as_token_ids": True})   # a vLLM server
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from agents.records import Completion, SamplingParams
+from agents.samplers import cut_at_stop, overflow
+
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class OpenAISampler:
+    """`Sampler` that calls an OpenAI-compatible completions endpoint over HTTP.
+
+    Args:
+        base_url: the API root, e.g. "http://127.0.0.1:8000/v1" (requests go to `{base_url}/completions`).
+        model: the model name the server expects.
+        tokenizer: a Hugging Face tokenizer matching the served model (decodes prompts, encodes replies).
+        api_key: bearer token; None reads $OPENAI_API_KEY (no header when that is unset too).
+        max_context: the served model's context length; longer prompts are left-truncated.
+        timeout_s: per-request timeout in seconds.
+        max_retries: retries of a request after a connection error or a 408/409/429/5xx answer
+            (exponential backoff from 0.5 s); other errors fail the row at once.
+        max_concurrency: requests in flight at once.
+        extra_body: extra JSON fields sent with every request (server extensions).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        *,
+        api_key: str | None = None,
+        max_context: int = 8192,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        max_concurrency: int = 8,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/completions"
+        self.model = model
+        self._tokenizer = tokenizer
+        self._max_context = max_context
+        self.max_retries = max_retries
+        self.max_concurrency = max_concurrency
+        self.extra_body = dict(extra_body or {})
+        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer whose ids prompts and completions use."""
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        """Most tokens (prompt + completion) one row may hold."""
+        return self._max_context
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per prompt; a failing request becomes that row's error completion.
+
+        Args:
+            prompts: token-id lists, one per row.
+            params: sampling parameters; with a seed, row i is sent seed + i (so equal prompts differ).
+
+        Returns:
+            One `Completion` per prompt, in order.
+        """
+        if not prompts:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
+            return list(pool.map(lambda item: self._one(item[0], item[1], params), enumerate(prompts)))
+
+    def _one(self, index: int, prompt: Sequence[int], params: SamplingParams) -> Completion:
+        try:
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ValueError("empty prompt: nothing to condition on")
+            ids = ids[overflow(len(ids), params.max_new_tokens, self.max_context) :]
+            body: dict[str, Any] = {
+                "model": self.model,
+                "prompt": self._tokenizer.decode(ids, skip_special_tokens=False),
+                "max_tokens": min(params.max_new_tokens, self.max_context - len(ids)),
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "logprobs": 1,
+            }
+            if params.stop:
+                body["stop"] = list(params.stop)
+            if params.seed is not None:
+                body["seed"] = params.seed + index
+            body.update(self.extra_body)
+            return self._parse(self._post(body)["choices"][0], params)
+        except Exception as err:  # a failing row must not fail the batch
+            return Completion("", (), (), "error", f"{type(err).__name__}: {err}")
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self._client.post(self.url, json=body)
+            except httpx.TransportError:
+                if attempt == self.max_retries:
+                    raise
+            else:
+                if response.status_code not in _RETRY_STATUS or attempt == self.max_retries:
+                    if response.is_error:
+                        raise RuntimeError(f"{self.url} answered {response.status_code}: {response.text[:500]}")
+                    return response.json()
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _parse(self, choice: Mapping[str, Any], params: SamplingParams) -> Completion:
+        text = choice.get("text") or ""
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        if reason == "stop" and params.stop:
+            text = _restore_stop(text, params.stop, choice.get("stop_reason", ...))
+        text, _ = cut_at_stop(text, params.stop)
+        logprobs = choice.get("logprobs") or {}
+        server_tokens = list(logprobs.get("tokens") or [])
+        server_logps = [math.nan if x is None else float(x) for x in logprobs.get("token_logprobs") or []]
+        matches = [_TOKEN_ID.fullmatch(t) for t in server_tokens]
+        if server_tokens and all(matches) and len(server_logps) == len(matches):
+            token_ids = tuple(int(m.group(1)) for m in matches)  # type: ignore[union-attr]
+            return Completion(text, token_ids, tuple(server_logps), reason)
+        token_ids = tuple(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(server_logps) != len(token_ids):
+            server_logps = [math.nan] * len(token_ids)
+        return Completion(text, token_ids, tuple(server_logps), reason)
+
+
+def _restore_stop(text: str, stop: Sequence[str], stop_reason: Any) -> str:
+    """Put back the stop string that an OpenAI-style server removed from the end of `text`.
+
+    Args:
+        text: the completion as the server sent it.
+        stop: the stop strings of the request.
+        stop_reason: vLLM's `stop_reason` (the matched string, a token id or None for an end-of-turn
+            token), or Ellipsis when the server sends no such field.
+    """
+    if any(text.endswith(s) for s in stop if s):
+        return text
+    if isinstance(stop_reason, str):
+        return text + stop_reason if stop_reason in stop else text
+    if stop_reason is not ...:
+        return text  # ended on a token, not on a stop string
+    open_at = {s: text.rfind("<" + s[2:]) for s in stop if s.startswith("</")}
+    open_at = {s: at for s, at in open_at.items() if at > text.rfind(s)}
+    return text + max(open_at, key=open_at.__getitem__) if open_at else text

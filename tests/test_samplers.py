@@ -1,0 +1,295 @@
+"""Samplers on a tiny real model (random weights, real SmolLM2 tokenizer), and over a real local HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from agents.models import tiny_model
+from agents.records import Completion, SamplingParams
+from agents.samplers import HFSampler, OpenAISampler, Sampler, cut_at_stop, encode_chat, overflow
+
+QUESTIONS = ["Who wrote Dune?", "Which river flows through the city that hosted the 1936 Olympics?", "Hi"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls gain nothing from more threads, and on a busy CPU the threads' spin-waits cost seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny):
+    return HFSampler(*tiny)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    _, tokenizer = tiny
+    return [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
+
+
+def test_hf_sampler_is_a_sampler(sampler):
+    assert isinstance(sampler, Sampler)
+    assert sampler.max_context == 512
+    assert sampler.tokenizer.pad_token == "<|endoftext|>"
+
+
+def test_batched_left_padded_greedy_equals_unbatched(sampler, prompts):
+    assert len({len(p) for p in prompts}) == len(prompts)  # unequal lengths: left padding is exercised
+    batched = sampler.generate(prompts, GREEDY)
+    for prompt, completion in zip(prompts, batched, strict=True):
+        [alone] = sampler.generate([prompt], GREEDY)
+        assert completion.token_ids == alone.token_ids
+        assert completion.text == alone.text
+        assert completion.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        assert completion.finish_reason == "length" and len(completion.token_ids) == 16
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
+def test_logprobs_match_a_separate_forward_pass(tiny, sampler, prompts, temperature):
+    model, _ = tiny
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, seed=3)
+    for prompt, completion in zip(prompts, sampler.generate(prompts, params), strict=True):
+        ids = torch.tensor([list(prompt) + list(completion.token_ids)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # the positions that predicted them
+        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        expected = logp.gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+        assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_top_p_logprobs_are_renormalised_over_the_nucleus(tiny, sampler, prompts):
+    model, _ = tiny
+    [completion] = sampler.generate(prompts[:1], SamplingParams(max_new_tokens=8, top_p=0.5, seed=1))
+    ids = torch.tensor([list(prompts[0]) + list(completion.token_ids)])
+    with torch.no_grad():
+        full = torch.log_softmax(model(ids).logits[0, len(prompts[0]) - 1 : -1].float(), dim=-1)
+    model_logp = full.gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+    assert all(s >= m - 1e-5 for s, m in zip(completion.logprobs, model_logp.tolist(), strict=True))
+    assert all(s <= 1e-6 for s in completion.logprobs)
+
+
+def test_stop_strings_stop_each_row_and_drop_later_tokens(sampler, prompts):
+    tokenizer = sampler.tokenizer
+    full = sampler.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0))
+    stops = tuple(tokenizer.decode(c.token_ids[5 + 3 * r : 7 + 3 * r]) for r, c in enumerate(full))
+    assert all(stops)
+    stopped = sampler.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0, stop=stops))
+    for whole, completion in zip(full, stopped, strict=True):
+        # the shortest prefix of the unstopped greedy reply whose text holds a stop string
+        k = next(k for k in range(1, 25) if cut_at_stop(tokenizer.decode(whole.token_ids[:k]), stops)[1])
+        assert completion.finish_reason == "stop"
+        assert completion.token_ids == whole.token_ids[:k]
+        assert completion.logprobs == pytest.approx(whole.logprobs[:k], abs=1e-4)
+        assert completion.text == cut_at_stop(tokenizer.decode(whole.token_ids[:k]), stops)[0]
+        assert any(completion.text.endswith(s) for s in stops)
+
+
+def test_end_of_turn_token_ends_a_row_with_an_empty_text(tiny, prompts):
+    model, tokenizer = tiny
+    first = HFSampler(model, tokenizer).generate(prompts[:1], GREEDY)[0].token_ids[0]
+    eos_first = HFSampler(model, tokenizer, stop_token_ids=[first, tokenizer.eos_token_id])
+    [completion] = eos_first.generate(prompts[:1], GREEDY)
+    assert completion == Completion("", (first,), completion.logprobs, "stop")
+    [nothing] = eos_first.generate(prompts[:1], SamplingParams(max_new_tokens=0))
+    assert nothing == Completion("", (), (), "length")
+
+
+def test_seeds_reproduce_samples(sampler, prompts):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7)
+    first = sampler.generate(prompts, params)
+    assert sampler.generate(prompts, params) == first
+    other = sampler.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=8))
+    assert [c.token_ids for c in other] != [c.token_ids for c in first]
+
+
+def test_overlong_prompt_is_left_truncated_and_reported(tiny, prompts, caplog):
+    model, tokenizer = tiny
+    short = HFSampler(model, tokenizer, max_context=40)
+    long_prompt = encode_chat(tokenizer, [{"role": "user", "content": "tell me more " * 12}])
+    drop = overflow(len(long_prompt), 8, short.max_context)
+    assert drop == len(long_prompt) - 32 > 0
+    with caplog.at_level(logging.WARNING, logger="agents.samplers.hf"):
+        truncated, fits = short.generate([long_prompt, prompts[2]], SamplingParams(max_new_tokens=8, temperature=0))
+    assert f"prompt 0: dropped its first {drop} tokens to fit 40" in caplog.text
+    [expected] = short.generate([long_prompt[drop:]], SamplingParams(max_new_tokens=8, temperature=0))
+    assert truncated.token_ids == expected.token_ids and len(truncated.token_ids) == 8
+    assert truncated.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert fits.finish_reason == "length" and fits.error is None
+
+
+def test_overflow_keeps_at_least_one_prompt_token():
+    assert overflow(10, 5, 100) == 0
+    assert overflow(100, 10, 100) == 10
+    assert overflow(100, 500, 100) == 99
+
+
+def test_bad_rows_become_errors_and_the_batch_survives(sampler, prompts):
+    out = sampler.generate([prompts[0], [], [10**9, 5], prompts[1], ["x"]], GREEDY)
+    assert [c.finish_reason for c in out] == ["length", "error", "error", "length", "error"]
+    assert "empty prompt" in out[1].error and "outside the vocabulary" in out[2].error
+    assert out[0].token_ids == sampler.generate(prompts[:1], GREEDY)[0].token_ids
+
+
+def test_garbage_completions_decode_without_crashing(sampler):
+    random_prompt = torch.randint(0, len(sampler.tokenizer), (30,), generator=torch.Generator().manual_seed(0))
+    out = sampler.generate([random_prompt.tolist()] * 4, SamplingParams(max_new_tokens=24, temperature=8.0, seed=0))
+    for completion in out:
+        assert completion.finish_reason in ("length", "stop") and isinstance(completion.text, str)
+        assert completion.text == sampler.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        assert all(math.isfinite(lp) for lp in completion.logprobs)
+    lone_byte = sampler.tokenizer.convert_tokens_to_ids("Ã")  # half of a two-byte UTF-8 character
+    assert "\ufffd" in sampler.tokenizer.decode([lone_byte])
+
+
+def test_chat_template_renders_roles():
+    _, tokenizer = tiny_model()
+    ids = encode_chat(tokenizer, [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    assert (
+        tokenizer.decode(ids)
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_import_agents_does_not_import_torch():
+    code = "import sys, agents, agents.records, agents.samplers; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_vllm_sampler_without_vllm_says_how_to_install():
+    pytest.importorskip("agents.samplers.vllm_engine")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        from agents.samplers import VLLMSampler
+
+        with pytest.raises(ImportError, match="pip install"):
+            VLLMSampler()
+    else:
+        pytest.skip("vllm is installed")
+
+
+# --- OpenAI-compatible endpoint: a real HTTP server on 127.0.0.1 that serves the tiny model -----------------
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny):
+    fastapi = pytest.importorskip("fastapi")
+    uvicorn = pytest.importorskip("uvicorn")
+    model, tokenizer = tiny
+    backend = HFSampler(model, tokenizer)
+    lock = threading.Lock()
+    app = fastapi.FastAPI()
+
+    @app.post("/v1/completions")
+    def completions(body: dict) -> dict:
+        if body.get("model") != "tiny":
+            raise fastapi.HTTPException(404, f"no model {body.get('model')!r}")
+        ids = tokenizer(body["prompt"], add_special_tokens=False)["input_ids"]
+        params = SamplingParams(
+            max_new_tokens=body["max_tokens"],
+            temperature=body["temperature"],
+            top_p=body["top_p"],
+            stop=tuple(body.get("stop") or ()),
+            seed=body.get("seed"),
+        )
+        with lock:
+            [c] = backend.generate([ids], params)
+        # As vLLM: the text loses the stop string, stop_reason names it, log-probs cover every sampled token.
+        text, matched = c.text, None
+        for s in params.stop:
+            if c.finish_reason == "stop" and text.endswith(s):
+                text, matched = text[: -len(s)], s
+        as_ids = body.get("return_tokens_as_token_ids")
+        tokens = [f"token_id:{t}" if as_ids else tokenizer.decode([t]) for t in c.token_ids]
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": c.finish_reason,
+            "logprobs": {"tokens": tokens, "token_logprobs": list(c.logprobs)},
+        }
+        if as_ids:
+            choice["stop_reason"] = matched
+        return {"id": "cmpl-0", "object": "text_completion", "model": "tiny", "choices": [choice]}
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "test server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_openai_sampler_matches_the_model_it_serves(tiny, sampler, prompts, server_url):
+    _, tokenizer = tiny
+    client = OpenAISampler(server_url, "tiny", tokenizer, extra_body={"return_tokens_as_token_ids": True})
+    assert isinstance(client, Sampler)
+    full = sampler.generate(prompts[:1], GREEDY)[0]
+    stop = (tokenizer.decode(full.token_ids[6:8]),)
+    params = SamplingParams(max_new_tokens=16, temperature=0, stop=stop)
+    remote = client.generate(prompts, params)
+    for prompt, got in zip(prompts, remote, strict=True):
+        [local] = sampler.generate([prompt], params)
+        assert got.text == local.text and got.token_ids == local.token_ids
+        assert got.logprobs == pytest.approx(local.logprobs, abs=1e-5)
+        assert got.finish_reason == local.finish_reason
+    assert remote[0].finish_reason == "stop" and remote[0].text.endswith(stop[0])
+    client.close()
+
+
+def test_openai_sampler_retokenizes_plain_text_replies(tiny, sampler, prompts, server_url):
+    _, tokenizer = tiny
+    client = OpenAISampler(server_url, "tiny", tokenizer)
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    for prompt, got in zip(prompts, client.generate(prompts, params), strict=True):
+        [local] = sampler.generate([prompt], params)
+        assert got.text == local.text
+        assert got.token_ids == tuple(tokenizer(local.text, add_special_tokens=False)["input_ids"])
+        assert len(got.logprobs) == len(got.token_ids)
+    client.close()
+
+
+def test_openai_sampler_failures_are_per_row_errors(tiny, prompts, server_url):
+    _, tokenizer = tiny
+    wrong_model = OpenAISampler(server_url, "missing", tokenizer, max_retries=0)
+    [bad] = wrong_model.generate(prompts[:1], GREEDY)
+    assert bad.finish_reason == "error" and "404" in bad.error
+    dead = OpenAISampler("http://127.0.0.1:9/v1", "tiny", tokenizer, max_retries=1, timeout_s=2)
+    out = dead.generate([prompts[0], []], GREEDY)
+    assert [c.finish_reason for c in out] == ["error", "error"]
+    assert "ConnectError" in out[0].error and "empty prompt" in out[1].error
+
+
+def test_closing_tags_are_restored_when_the_server_drops_them():
+    from agents.samplers.openai_api import _restore_stop
+
+    stops = ("</search>", "</answer>")
+    assert _restore_stop("<think>x</think><search>q", stops, ...) == "<think>x</think><search>q</search>"
+    assert _restore_stop("<search>a</search><answer>b", stops, ...) == "<search>a</search><answer>b</answer>"
+    assert _restore_stop("done", stops, ...) == "done"
+    assert _restore_stop("<answer>b", stops, None) == "<answer>b"  # vLLM: ended on a token
+    assert _restore_stop("<answer>b", stops, "</answer>") == "<answer>b</answer>"
