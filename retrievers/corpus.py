@@ -12,7 +12,7 @@ import gzip
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,12 +100,17 @@ class Corpus:
     @property
     def fingerprint(self) -> str:
         """A short hash of ids, titles and texts: the cache key of anything built from this corpus."""
-        digest = hashlib.sha256()
-        for doc_id, title, text in zip(self.doc_ids, self.titles, self.texts, strict=True):
-            digest.update(doc_id.encode())
-            digest.update(b"\x00")
-            digest.update(title.encode())
-            digest.update(b"\x00")
-            digest.update(text.encode())
-            digest.update(b"\x01")
-        return digest.hexdigest()[:16]
+        return fingerprint_rows(zip(self.doc_ids, self.titles, self.texts, strict=True))
+
+
+def fingerprint_rows(rows: Iterable[tuple[str, str, str]]) -> str:
+    """`Corpus.fingerprint` of (doc_id, title, text) rows, computable while streaming a corpus file."""
+    digest = hashlib.sha256()
+    for doc_id, title, text in rows:
+        digest.update(doc_id.encode())
+        digest.update(b"\x00")
+        digest.update(title.encode())
+        digest.update(b"\x00")
+        digest.update(text.encode())
+        digest.update(b"\x01")
+    return digest.hexdigest()[:16]

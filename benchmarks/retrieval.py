@@ -1,0 +1,342 @@
+"""Retrieval benchmark: quality, speed, build cost of BM25, dense (flat and HNSW) and hybrid on HotpotQA dev.
+
+    nice -n 10 python -m benchmarks.retrieval                       # 200 bundled dev questions, k = 5
+    python -m benchmarks.retrieval --questions 50 --repeats 1       # a quick look
+
+Queries are the question texts; gold = the titles of the supporting facts. recall@k is the share of a
+question's gold titles among the top-k titles, averaged over questions. Speed is queries per second over
+all questions, one `search` call at a time and as one `batch_search` call (best of `--repeats` runs: the
+machine may be shared). Indexes are built from scratch in a temporary cache so build times are real; the
+dense index starts from the fp16 embeddings shipped in `retrievers/data/` (made on a GPU), and the CPU
+cost of encoding the corpus is measured on `--encode-sample` paragraphs and extrapolated.
+
+Side by side, in the same run, it also times the loops our wrappers replace:
+- Pyserini's `LuceneSearcher.search`, one query at a time (the loop of Search-R1's BM25 server, with and
+  without its per-hit `doc(docid).raw()` fetch), against our batched BM25; raw loops read each hit's docid
+  and score, the least any caller does;
+- FAISS `index.search` one vector at a time against `DenseRetriever.search_vectors`, and the encoder plus
+  `index.search` against `DenseRetriever.search`.
+Results are printed as markdown and written as JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS_FILE = ROOT / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
+DEV_FILE = ROOT / "envs" / "data" / "hotpotqa" / "dev.jsonl.gz"
+
+
+def load_dev(path: Path, n: int) -> tuple[list[str], list[set[str]]]:
+    """The first n questions of an official-format HotpotQA file and their supporting-fact titles."""
+    questions, golds = [], []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            questions.append(row["question"])
+            golds.append({title for title, _ in row["supporting_facts"]})
+            if len(questions) == n:
+                break
+    return questions, golds
+
+
+def recall_at(results: Sequence[Sequence], golds: Sequence[set[str]], k: int) -> float:
+    """Mean share of gold titles among the top-k titles."""
+    shares = [len(gold & {p.title for p in hits[:k]}) / len(gold) for hits, gold in zip(results, golds, strict=True)]
+    return float(np.mean(shares))
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn`."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def paired_best(
+    fns: dict[str, Callable[[], object]], repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, float]:
+    """Best time of each function, the functions interleaved so background load hits all alike.
+
+    With `clock=time.process_time` the time is this process's CPU time (all its threads, the JVM's too):
+    what a call costs, whatever other processes on a shared machine do meanwhile.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up: JIT, caches
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            times[name].append(clock() - start)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def size_mb(path: Path) -> float:
+    """Size of a file or directory tree in MB."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1e6
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=200, help="dev questions (the bundled dev set has 200)")
+    parser.add_argument("--k", type=int, default=5, help="passages per query in the speed runs")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
+    parser.add_argument(
+        "--paired-repeats", type=int, default=15, help="interleaved runs of the cheap raw-vs-ours loops (best kept)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="BM25 batch_search threads")
+    parser.add_argument(
+        "--intra-threads",
+        type=int,
+        default=1,
+        help="torch and FAISS threads per operation; 1 because on a shared, oversubscribed machine OpenMP "
+        "spin-waits make one-query operations 20-40x slower with 2 threads (0: leave the libraries' defaults)",
+    )
+    parser.add_argument("--encode-sample", type=int, default=256, help="paragraphs encoded on CPU to time encoding")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "retrieval.json"))
+    args = parser.parse_args(argv)
+
+    os.environ["REDCODA_CACHE"] = tempfile.mkdtemp(prefix="redcoda-bench-")  # fresh builds, timed
+    import faiss
+    import torch
+
+    from retrievers.bm25 import BM25Retriever
+    from retrievers.corpus import Corpus
+    from retrievers.dense import DenseRetriever
+    from retrievers.encoders import HFEncoder
+    from retrievers.hybrid import HybridRetriever
+
+    if args.intra_threads > 0:
+        torch.set_num_threads(args.intra_threads)
+        faiss.omp_set_num_threads(args.intra_threads)
+    corpus = Corpus.from_jsonl(CORPUS_FILE, name="hotpotqa")
+    questions, golds = load_dev(DEV_FILE, args.questions)
+    k, reps = args.k, args.repeats
+    report: dict = {
+        "command": " ".join(["python -m benchmarks.retrieval", *(sys.argv[1:] if argv is None else argv)]).strip(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+        f"{torch.get_num_threads()}, faiss threads {faiss.omp_get_max_threads()}, BM25 batch threads {args.threads}, "
+        f"faiss {faiss.__version__}, load average before start {os.getloadavg()[0]:.1f}",
+        "questions": len(questions),
+        "corpus_paragraphs": len(corpus),
+        "retrievers": {},
+    }
+
+    start = time.perf_counter()
+    bm25 = BM25Retriever(corpus, threads=args.threads)
+    bm25_build = time.perf_counter() - start
+
+    encoder = HFEncoder(device="cpu")
+    sample = [corpus.contents(i) for i in range(0, len(corpus), max(1, len(corpus) // args.encode_sample))]
+    sample = sample[: args.encode_sample]
+    encode_rate = len(sample) / best_seconds(lambda: encoder.encode_passages(sample, progress=False), 1)
+    flat = DenseRetriever(corpus, encoder, kind="flat")
+    hnsw = DenseRetriever(corpus, encoder, kind="hnsw", hnsw_m=32, ef_construction=200, ef_search=128)
+    hybrid = HybridRetriever([bm25, flat], weights=[1.0, 1.0], rrf_k=60, depth=50)
+    cpu_encode = len(corpus) / encode_rate
+    builds = {
+        "bm25": (bm25_build, size_mb(bm25.index_dir), "Lucene index"),
+        "dense-flat": (flat.build_seconds, size_mb(flat.index_path), "FAISS add; + embeddings"),
+        "dense-hnsw": (hnsw.build_seconds, size_mb(hnsw.index_path), "FAISS add; + embeddings"),
+        "hybrid": (bm25_build + flat.build_seconds, size_mb(bm25.index_dir) + size_mb(flat.index_path), "both"),
+    }
+
+    for name, retriever in {"bm25": bm25, "dense-flat": flat, "dense-hnsw": hnsw, "hybrid": hybrid}.items():
+        results = retriever.batch_search(questions, max(k, 5))
+        [retriever.search(q, k) for q in questions]  # warm-up of the one-query path (the JVM's JIT above all)
+        single = best_seconds(lambda r=retriever: [r.search(q, k) for q in questions], reps)
+        batched = best_seconds(lambda r=retriever: r.batch_search(questions, k), reps)
+        build, size, what = builds[name]
+        report["retrievers"][name] = {
+            "recall@1": recall_at(results, golds, 1),
+            "recall@3": recall_at(results, golds, 3),
+            "recall@5": recall_at(results, golds, 5),
+            "qps_single": len(questions) / single,
+            "qps_batched": len(questions) / batched,
+            "build_s": build,
+            "size_mb": size,
+            "build_note": what,
+        }
+    report["dense_encoding"] = {
+        "cpu_paragraphs_per_s": encode_rate,
+        "cpu_full_corpus_s_estimate": cpu_encode,
+        "sample_paragraphs": len(sample),
+        "embeddings_mb": size_mb(ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "embeddings.npy"),
+        "shipped_from": json.loads((ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "meta.json").read_text()),
+    }
+
+    # Raw engines against our wrappers, interleaved in one run.
+    from pyserini.search.lucene import LuceneSearcher
+
+    raw = LuceneSearcher(str(bm25.index_dir))
+    raw.set_bm25(0.9, 0.4)
+
+    qids = [str(i) for i in range(len(questions))]
+
+    def search_r1_loop(queries: Sequence[str]) -> None:  # Search-R1 retrieval_server.py BM25Retriever._batch_search
+        for q in queries:
+            for hit in raw.search(q, k):
+                doc = raw.doc(hit.docid)  # Search-R1 reads the stored raw JSON; our index stores contents
+                json.loads(doc.raw()) if doc.raw() else doc.contents()
+
+    lucene = paired_best(
+        {
+            "raw_search_loop": lambda: [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions],
+            "search_r1_loop": lambda: search_r1_loop(questions),
+            "ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
+            "raw_batch_search": lambda: {
+                qid: [(h.docid, h.score) for h in hits]
+                for qid, hits in raw.batch_search(questions, qids, k, args.threads).items()
+            },
+            "ours_batch_search": lambda: bm25.batch_search(questions, k),
+            "raw_batch_search_1_thread": lambda: {
+                qid: [(h.docid, h.score) for h in hits] for qid, hits in raw.batch_search(questions, qids, k, 1).items()
+            },
+        },
+        args.paired_repeats,
+    )
+    # A GRPO-shaped load: every question asked by a group of G=5 rollouts in one batch. The LRU cache sends
+    # each distinct query to Lucene once; compare with Search-R1's loop over all 5 x n queries.
+    from retrievers.cached import CachedRetriever
+
+    group = [q for q in questions for _ in range(5)]
+    grpo = paired_best(
+        {
+            "search_r1_loop_grpo_g5": lambda: search_r1_loop(group),
+            "cached_batch_grpo_g5": lambda: CachedRetriever(bm25).batch_search(group, k),
+        },
+        reps,
+    )
+    qvecs = encoder.encode_queries(questions)
+    rows = [qvecs[i : i + 1] for i in range(len(questions))]
+    dense_times = paired_best(
+        {
+            "raw_faiss_loop": lambda: [flat.index.search(v, k) for v in rows],
+            "ours_vectors_loop": lambda: [flat.search_vectors(v, k) for v in rows],
+        },
+        args.paired_repeats,
+    )
+    dense_times |= paired_best(
+        {
+            "raw_encode_faiss_loop": lambda: [flat.index.search(encoder.encode_queries([q]), k) for q in questions],
+            "ours_search_loop": lambda: [flat.search(q, k) for q in questions],
+        },
+        reps,
+    )
+    n = len(questions)
+    report["raw_vs_ours_qps"] = {
+        "lucene": {name: n / s for name, s in lucene.items()},
+        "faiss_flat": {name: n / s for name, s in dense_times.items()},
+        "lucene_grpo_g5": {name: len(group) / s for name, s in grpo.items()},
+    }
+    # Wrapper overheads in CPU time (robust to other processes' load): the same loops, raw engine vs ours.
+    cpu = paired_best(
+        {
+            "lucene_raw_search_loop": lambda: [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions],
+            "lucene_ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
+            "lucene_raw_batch_search": lambda: {
+                qid: [(h.docid, h.score) for h in hits]
+                for qid, hits in raw.batch_search(questions, qids, k, args.threads).items()
+            },
+            "lucene_ours_batch_search": lambda: bm25.batch_search(questions, k),
+            "faiss_raw_loop": lambda: [flat.index.search(v, k) for v in rows],
+            "faiss_ours_vectors_loop": lambda: [flat.search_vectors(v, k) for v in rows],
+        },
+        args.paired_repeats,
+        clock=time.process_time,
+    )
+    cpu |= paired_best(
+        {
+            "dense_raw_encode_faiss_loop": lambda: [
+                flat.index.search(encoder.encode_queries([q]), k) for q in questions
+            ],
+            "dense_ours_search_loop": lambda: [flat.search(q, k) for q in questions],
+        },
+        reps,
+        clock=time.process_time,
+    )
+    report["cpu_ms_per_query"] = {name: 1e3 * s / n for name, s in cpu.items()}
+    # Why batching alone cannot give 4x here: CPU per query of Lucene's own work (the batch call, all threads)
+    # against the Python/JNI cost the one-query loop adds per call; T free cores divide only the former by T.
+    work = cpu["lucene_raw_batch_search"] / n
+    per_call = max(cpu["lucene_raw_search_loop"] / n - work, 0.0)
+    report["bm25_cost_per_query_ms"] = {"lucene_work": 1e3 * work, "per_call_overhead": 1e3 * per_call}
+    report["targets"] = {
+        "bm25_batched_over_raw_single_loop (>= 4)": lucene["raw_search_loop"] / lucene["ours_batch_search"],
+        "bm25_batched_over_search_r1_loop (>= 4)": lucene["search_r1_loop"] / lucene["ours_batch_search"],
+        "bm25_cached_batch_over_search_r1_loop_grpo_g5 (>= 4)": grpo["search_r1_loop_grpo_g5"]
+        / grpo["cached_batch_grpo_g5"],
+        "bm25_free_cores_needed_for_4x_over_raw_loop (cpu)": 4 * work / (work + per_call),
+        "hnsw_recall@5_over_flat (>= 0.97)": report["retrievers"]["dense-hnsw"]["recall@5"]
+        / report["retrievers"]["dense-flat"]["recall@5"],
+        "bm25_single_cpu_overhead_vs_raw (<= 0.10)": cpu["lucene_ours_search_loop"] / cpu["lucene_raw_search_loop"] - 1,
+        "bm25_batch_cpu_overhead_vs_raw (<= 0.10)": cpu["lucene_ours_batch_search"] / cpu["lucene_raw_batch_search"]
+        - 1,
+        "faiss_vectors_cpu_overhead_vs_raw (<= 0.10)": cpu["faiss_ours_vectors_loop"] / cpu["faiss_raw_loop"] - 1,
+        "dense_search_cpu_overhead_vs_raw (<= 0.10)": cpu["dense_ours_search_loop"] / cpu["dense_raw_encode_faiss_loop"]
+        - 1,
+        "bm25_single_wall_overhead_vs_raw (noisy)": lucene["ours_search_loop"] / lucene["raw_search_loop"] - 1,
+        "bm25_batch_wall_overhead_vs_raw (noisy)": lucene["ours_batch_search"] / lucene["raw_batch_search"] - 1,
+    }
+
+    print_report(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    return report
+
+
+def print_report(report: dict) -> None:
+    """Print the report as markdown tables."""
+    print(f"command: {report['command']}\nmachine: {report['machine']}")
+    print(f"{report['questions']} HotpotQA dev questions, corpus {report['corpus_paragraphs']} paragraphs\n")
+    print("| retriever | R@1 | R@3 | R@5 | q/s single | q/s batched | build s | index MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in report["retrievers"].items():
+        print(
+            f"| {name} | {r['recall@1']:.3f} | {r['recall@3']:.3f} | {r['recall@5']:.3f} | {r['qps_single']:.1f} "
+            f"| {r['qps_batched']:.1f} | {r['build_s']:.2f} | {r['size_mb']:.1f} |"
+        )
+    enc = report["dense_encoding"]
+    print(
+        f"\ndense encoding (all-MiniLM-L6-v2 fp32, CPU): {enc['cpu_paragraphs_per_s']:.1f} paragraphs/s on "
+        f"{enc['sample_paragraphs']} sampled paragraphs -> ~{enc['cpu_full_corpus_s_estimate'] / 60:.1f} min for the "
+        f"corpus; shipped fp16 embeddings ({enc['embeddings_mb']:.1f} MB) took "
+        f"{enc['shipped_from']['encode_seconds']} s on {enc['shipped_from']['encode_device']}"
+    )
+    print("\n| engine | loop | q/s (wall clock) |\n| --- | --- | --- |")
+    for engine, loops in report["raw_vs_ours_qps"].items():
+        for loop, qps in loops.items():
+            print(f"| {engine} | {loop} | {qps:.1f} |")
+    print("\n| loop | CPU ms per query |\n| --- | --- |")
+    for loop, ms in report["cpu_ms_per_query"].items():
+        print(f"| {loop} | {ms:.3f} |")
+    cost = report["bm25_cost_per_query_ms"]
+    print(
+        f"\nBM25 cost per query: Lucene work {cost['lucene_work']:.3f} ms, per-call Python/JNI overhead of the "
+        f"one-query loop {cost['per_call_overhead']:.3f} ms"
+    )
+    print("\n| target | value |\n| --- | --- |")
+    for target, value in report["targets"].items():
+        print(f"| {target} | {value:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Serve any retriever over HTTP with the Search-R1 retrieval API (FastAPI + uvicorn).
+
+    python -m retrievers.server                                   # BM25 over the bundled HotpotQA corpus
+    python -m retrievers.server --kind dense --port 8001          # MiniLM + FAISS flat (bundled embeddings)
+    python -m retrievers.server --kind hybrid --cache-size 100000
+    python -m retrievers.server --kind dense --corpus wiki-18.jsonl --index e5_Flat.index \\
+        --encoder intfloat/e5-base-v2 --query-prefix "query: " --passage-prefix "passage: "
+
+Endpoints:
+    POST /retrieve  {"queries": [str, ...], "topk": int, "return_scores": bool}
+        -> {"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]} with return_scores,
+           {"result": [[{"id", "contents"}, ...], ...]} without (as Search-R1's server answers);
+        `contents` is `"Title"\\ntext`. Bad JSON, missing fields, topk outside [1, max_topk], more than
+        max_batch queries or over-long queries are answered 4xx with a message.
+    GET /health     -> {"status": "ok", "retriever": ..., "max_batch": ..., "max_topk": ...}
+
+It binds 127.0.0.1 unless `--host` says otherwise: it has no authentication. Requests are served one at a
+time (the retriever is called under a lock); batch queries into one request for throughput, as Search-R1's
+trainer does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from retrievers.base import Passage, Retriever
+
+BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
+
+
+class RetrieveRequest(BaseModel):
+    """The body of POST /retrieve, as Search-R1's trainer sends it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    queries: list[str] = Field(description="the search queries")
+    topk: int | None = Field(default=None, description="passages per query (server default when absent)")
+    return_scores: bool = Field(default=False, description="wrap each document with its score")
+
+
+def document(passage: Passage) -> dict[str, str]:
+    """A passage as a Search-R1 corpus row: {"id", "contents"} with contents `"Title"\\ntext`."""
+    contents = f'"{passage.title}"\n{passage.text}' if passage.title else passage.text
+    return {"id": passage.doc_id, "contents": contents}
+
+
+def create_app(
+    retriever: Retriever,
+    *,
+    default_topk: int = 3,
+    max_topk: int = 100,
+    max_batch: int = 512,
+    max_query_chars: int = 4096,
+    max_body_bytes: int = 8 << 20,
+) -> FastAPI:
+    """A FastAPI app serving `retriever` with the Search-R1 API.
+
+    Args:
+        retriever: anything implementing `Retriever`.
+        default_topk: topk when a request omits it.
+        max_topk: the largest topk accepted.
+        max_batch: the most queries accepted in one request.
+        max_query_chars: the longest query accepted.
+        max_body_bytes: the largest request body accepted.
+    """
+    app = FastAPI(title="RedCoda retrieval server", description="Search-R1 compatible /retrieve")
+    lock = threading.Lock()
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            return JSONResponse({"detail": f"request body over {max_body_bytes} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "retriever": type(retriever).__name__, "max_batch": max_batch, "max_topk": max_topk}
+
+    @app.post("/retrieve")
+    def retrieve(request: RetrieveRequest) -> dict[str, list]:
+        topk = default_topk if request.topk is None else request.topk
+        if not 1 <= topk <= max_topk:
+            raise HTTPException(422, f"topk must be between 1 and {max_topk}, got {topk}")
+        if len(request.queries) > max_batch:
+            raise HTTPException(413, f"at most {max_batch} queries per request, got {len(request.queries)}")
+        too_long = [i for i, q in enumerate(request.queries) if len(q) > max_query_chars]
+        if too_long:
+            raise HTTPException(422, f"queries {too_long[:5]} are longer than {max_query_chars} characters")
+        with lock:
+            hits = retriever.batch_search(request.queries, topk) if request.queries else []
+        if request.return_scores:
+            return {"result": [[{"document": document(p), "score": p.score} for p in ps] for ps in hits]}
+        return {"result": [[document(p) for p in ps] for ps in hits]}
+
+    return app
+
+
+def build_retriever(args: argparse.Namespace) -> Retriever:
+    """The retriever the command line asks for."""
+    from retrievers.corpus import Corpus
+
+    corpus = Corpus.from_jsonl(args.corpus)
+    dense = bm25 = None
+    if args.kind in ("dense", "hybrid"):
+        from retrievers.dense import DenseRetriever
+        from retrievers.encoders import DEFAULT_ENCODER, HFEncoder
+
+        encoder = HFEncoder(
+            args.encoder or DEFAULT_ENCODER,
+            query_prefix=args.query_prefix,
+            passage_prefix=args.passage_prefix,
+            device=args.device,
+        )
+        index = args.index if args.kind == "dense" else args.dense_index
+        dense = DenseRetriever(
+            corpus, encoder, index=index, kind="hnsw" if args.hnsw else "flat", hnsw_m=args.hnsw or 32
+        )
+    if args.kind in ("bm25", "hybrid"):
+        from retrievers.bm25 import BM25Retriever
+
+        bm25 = BM25Retriever(corpus, index_dir=args.index if args.kind == "bm25" else args.bm25_index)
+    if args.kind == "hybrid":
+        from retrievers.hybrid import HybridRetriever
+
+        retriever: Retriever = HybridRetriever([bm25, dense])
+    else:
+        retriever = bm25 or dense
+    if args.cache_size > 0:
+        from retrievers.cached import CachedRetriever
+
+        retriever = CachedRetriever(retriever, maxsize=args.cache_size)
+    return retriever
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m retrievers.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=["bm25", "dense", "hybrid"], default="bm25")
+    parser.add_argument("--corpus", default=str(BUNDLED_CORPUS), help="corpus file (default: bundled HotpotQA)")
+    parser.add_argument("--index", default=None, help="prebuilt index for bm25/dense (default: build and cache)")
+    parser.add_argument("--bm25-index", default=None, help="hybrid: prebuilt Lucene index")
+    parser.add_argument("--dense-index", default=None, help="hybrid: prebuilt FAISS index")
+    parser.add_argument("--encoder", default=None, help="dense: HF hub id or model dir (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--query-prefix", default="", help='dense: e.g. "query: " for E5')
+    parser.add_argument("--passage-prefix", default="", help='dense: e.g. "passage: " for E5')
+    parser.add_argument("--device", default=None, help="dense: torch device for the query encoder")
+    parser.add_argument("--hnsw", type=int, default=0, metavar="M", help="dense: HNSW index with this M (0: flat)")
+    parser.add_argument("--cache-size", type=int, default=0, help="LRU query cache entries (0: no cache)")
+    parser.add_argument("--topk", type=int, default=3, help="topk when a request gives none")
+    parser.add_argument("--max-topk", type=int, default=100)
+    parser.add_argument("--max-batch", type=int, default=512)
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (the server has no authentication)")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    app = create_app(build_retriever(args), default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
