@@ -162,7 +162,7 @@ def format_passages(passages, max_words: int) -> str:
         return "<information>No results.</information>"
     docs = []
     for i, passage in enumerate(passages, 1):
-        words = passage.text.split()
+        words = passage.text.split(None, max_words)  # at most max_words + 1 pieces: the rest stays unsplit
         text = " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
         docs.append(f'Doc {i} (Title: "{passage.title}") {text}')
     return "<information>" + "\n".join(docs) + "</information>"

@@ -52,21 +52,41 @@ def dataset_corpus(dataset: str, corpus_path: str | None = None):
     )
 
 
-def make_retriever(kind: str, corpus) -> Any:
-    """Build (or fetch the shared) retriever of `kind` over `corpus`: bm25, dense or hybrid."""
+_CACHED: dict[tuple[str, str, int], Any] = {}
+
+
+def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
+    """Build (or fetch the process-wide shared) retriever of `kind` over `corpus`: bm25, dense or hybrid.
+
+    Args:
+        kind: bm25, dense or hybrid.
+        corpus: the `retrievers.corpus.Corpus` to search.
+        query_cache: size of an LRU cache of (query, k) results shared by every env using this retriever, so
+            the G episodes of a GRPO group that send the same query hit the index once (0: no cache).
+    """
+    key = (kind, corpus.fingerprint, query_cache)
+    if key in _CACHED:
+        return _CACHED[key]
     if kind == "bm25":
         from retrievers.bm25 import BM25Retriever
 
-        return BM25Retriever.for_corpus(corpus)
-    if kind == "dense":
+        retriever = BM25Retriever.for_corpus(corpus)
+    elif kind == "dense":
         from retrievers.dense import DenseRetriever
 
-        return DenseRetriever.for_corpus(corpus)
-    if kind == "hybrid":
+        retriever = DenseRetriever.for_corpus(corpus)
+    elif kind == "hybrid":
         from retrievers.hybrid import HybridRetriever
 
-        return HybridRetriever.for_corpus(corpus)
-    raise ValueError(f"unknown retriever kind {kind!r}; use one of {RETRIEVER_KINDS}, a URL, or a Retriever object")
+        retriever = HybridRetriever.for_corpus(corpus)
+    else:
+        raise ValueError(f"unknown retriever kind {kind!r}; use one of {RETRIEVER_KINDS}, a URL, or a Retriever")
+    if query_cache > 0:
+        from retrievers.cached import CachedRetriever
+
+        retriever = CachedRetriever(retriever, maxsize=query_cache)
+    _CACHED[key] = retriever
+    return retriever
 
 
 @dataclass
@@ -147,6 +167,7 @@ class RAGEnv(gym.Env[str, str]):
     | max_planner_turns | 4 | coda: planner turns per episode |
     | max_executor_turns | 3 | coda: executor turns per task |
     | max_action_chars | 16384 | longer actions are invalid |
+    | query_cache | 4096 | LRU cache of query results shared by all envs on a named retriever (0: off) |
     | reward_weights | RewardWeights() | weights of the episode reward |
     | render_mode | None | None or "ansi" (the episode transcript) |
 
@@ -171,6 +192,7 @@ class RAGEnv(gym.Env[str, str]):
         max_planner_turns: int = 4,
         max_executor_turns: int = 3,
         max_action_chars: int = 16384,
+        query_cache: int = 4096,
         reward_weights: RewardWeights = RewardWeights(),
         render_mode: str | None = None,
     ) -> None:
@@ -200,6 +222,7 @@ class RAGEnv(gym.Env[str, str]):
         self.max_action_chars = max_action_chars
         self.reward_weights = reward_weights
         self.render_mode = render_mode
+        self.query_cache = query_cache
         self.retriever = self._resolve_retriever(retriever, corpus_path)
         self.action_space = UnicodeText(1 << 20)
         self.observation_space = UnicodeText(1 << 20)
@@ -219,7 +242,7 @@ class RAGEnv(gym.Env[str, str]):
                 from retrievers.http import HTTPRetriever
 
                 return HTTPRetriever(retriever)
-            return make_retriever(retriever, dataset_corpus(self.dataset, corpus_path))
+            return make_retriever(retriever, dataset_corpus(self.dataset, corpus_path), self.query_cache)
         if not (callable(getattr(retriever, "search", None)) and callable(getattr(retriever, "batch_search", None))):
             raise TypeError(f"retriever must implement search() and batch_search(), got {type(retriever).__name__}")
         return retriever

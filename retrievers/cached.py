@@ -16,10 +16,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from retrievers.base import Passage, Retriever
+from retrievers.base import Passage, Retriever, SharedIndex
 
 
-class CachedRetriever:
+class CachedRetriever(SharedIndex):
     """A thread-safe LRU cache of `inner`'s results.
 
     Args:

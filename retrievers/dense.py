@@ -29,7 +29,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from retrievers.base import Passage
+from retrievers.base import Passage, SharedIndex
 from retrievers.corpus import Corpus, cache_root
 from retrievers.encoders import HFEncoder
 
@@ -75,7 +75,7 @@ def _save_atomic(path: Path, write) -> None:
         raise
 
 
-class DenseRetriever:
+class DenseRetriever(SharedIndex):
     """Top-k passages by cosine similarity of encoder embeddings, searched with FAISS.
 
     Args:

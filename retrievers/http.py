@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from retrievers.base import Passage, split_contents
+from retrievers.base import Passage, SharedIndex, split_contents
 
 START_HINT = (
     "start one with `python -m retrievers.server --kind bm25 --port 8000` "
@@ -30,7 +30,7 @@ START_HINT = (
 )
 
 
-class HTTPRetriever:
+class HTTPRetriever(SharedIndex):
     """Retriever client for a Search-R1-compatible `/retrieve` endpoint.
 
     Args:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from retrievers.base import Passage, Retriever
+from retrievers.base import Passage, Retriever, SharedIndex
 from retrievers.corpus import Corpus
 
 _SHARED: dict[str, HybridRetriever] = {}
@@ -35,7 +35,7 @@ def rrf_fuse(rankings: Sequence[list[Passage]], weights: Sequence[float], rrf_k:
     return [Passage(doc_id, first[doc_id].title, first[doc_id].text, scores[doc_id]) for doc_id in best]
 
 
-class HybridRetriever:
+class HybridRetriever(SharedIndex):
     """Reciprocal-rank fusion of retrievers over the same corpus (doc ids must agree).
 
     Args:

@@ -237,3 +237,17 @@ def test_render_ansi_shows_the_transcript():
 def test_one_index_serves_many_envs():
     a, b = make(), make("RedCoda-HotpotQA-CoDA-v0")
     assert a.unwrapped.retriever is b.unwrapped.retriever
+
+
+def test_query_cache_is_shared_and_optional():
+    a, b = make(), make()
+    a.reset(options={"index": 0})
+    b.reset(options={"index": 0})
+    a.step("<search>Ed Wood director</search>")
+    hits_before = len(a.unwrapped.retriever)
+    obs_b, *_ = b.step("<search>Ed Wood director</search>")
+    assert len(b.unwrapped.retriever) == hits_before  # the second env's identical query was a cache hit
+    uncached = make(query_cache=0)
+    assert uncached.unwrapped.retriever is not a.unwrapped.retriever
+    uncached.reset(options={"index": 0})
+    assert uncached.step("<search>Ed Wood director</search>")[0] == obs_b
