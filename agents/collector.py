@@ -105,6 +105,12 @@ class RolloutCollector(BaseCollector):
     def __iter__(self) -> Iterator[Any]:
         return self.iterator()
 
+    def __len__(self) -> int:
+        """Batches an iteration from the start yields (`total_batches`); BaseCollector's needs `total_frames`."""
+        if self.total_batches < 0:
+            raise RuntimeError("a collector with total_batches=-1 never ends, so it has no length")
+        return self.total_batches
+
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         """Make the agent sample from the newest weights.
 

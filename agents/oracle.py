@@ -39,6 +39,8 @@ class _Plan:
     example: QAExample
     first_query_is_question: bool
     seen_titles: set[str] = field(default_factory=set)
+    queried: set[str] = field(default_factory=set)
+    """Titles already used as queries: a title BM25 did not return once is not searched again."""
     searches: int = 0
     task: int = 0
     results: list[str] = field(default_factory=list)
@@ -58,7 +60,7 @@ class OracleAgent(ContextAgent):
         self.rng = np.random.default_rng(seed)
         self.max_searches = max_searches
         self.max_context_tokens = 1 << 30
-        self.params = SamplingParams(max_new_tokens=0)
+        self.params = self.executor_params = SamplingParams(max_new_tokens=0)
         self._plans: dict[int, _Plan] = {}
 
     def _check_env(self, env: Any) -> None:
@@ -132,13 +134,14 @@ class OracleAgent(ContextAgent):
 
     def _search_or_answer(self, plan: _Plan, titles: Sequence[str], question: str, final: bool) -> str:
         example = plan.example
-        missing = [t for t in titles if t not in plan.seen_titles]
+        missing = [t for t in titles if t not in plan.seen_titles and t not in plan.queried]
         if missing and plan.searches < self.max_searches + len(titles) - 1:
             plan.searches += 1
             if plan.searches == 1 and plan.first_query_is_question:
                 query, why = question, "Let me search for the question first."
             else:
                 query = missing[0]
+                plan.queried.add(query)
                 why = f"I still need information about {query}."
             return f"<think>{why}</think>\n<search>{query}</search>"
         sentences = [s for t in titles for s in example.supporting_sentences(t)] or [example.question]
@@ -160,10 +163,10 @@ def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> di
     """One episode as a JSON-ready chat record.
 
     Format: `{"id", "index", "protocol", "reward", "f1", "contexts": [{"role", "messages": [...]}]}` where each
-    context's messages are chat messages `{"role": "system"|"user"|"assistant"|"observation", "content"}`:
-    the assistant messages are the model's turns (trained on), observation messages are what the env
-    inserted between them (not trained on). Concatenating the assistant and observation contents in
-    order, after the chat template's system+user prompt, gives the exact token context the agents use.
+    context's messages are `{"role": "assistant"|"observation", "content"}`: the assistant messages are the
+    model's turns (trained on), observation messages everything else (not trained on): first the
+    chat-template prompt (system and user turns, rendered), then what the env inserted between turns.
+    Tokenizing the contents message by message, in order, gives the exact token context the agents use.
     """
     contexts = []
     for generation in trajectory.generations:
@@ -179,11 +182,10 @@ def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> di
         if run:
             messages.append({"role": "assistant" if run_mask else "observation", "content": tokenizer.decode(run)})
         contexts.append({"role": generation.role, "messages": messages})
-    # the first observation is the chat-template prompt; replace it by its system and user parts
-    example = env.unwrapped.examples[trajectory.index]
+    example = env.unwrapped.examples[trajectory.example_index]
     return {
         "id": example.id,
-        "index": trajectory.index,
+        "index": trajectory.example_index,
         "protocol": env.unwrapped.protocol,
         "reward": trajectory.reward,
         "f1": trajectory.info.get("f1", 0.0),

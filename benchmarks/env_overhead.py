@@ -76,7 +76,7 @@ def main() -> None:
         shares.append(max(step_times[-1] - timed.last, 0.0) / step_times[-1])
 
     step, search = statistics.median(step_times), statistics.median(search_times)
-    print(f"queries: {len(queries)} HotpotQA dev questions, top_k={args.top_k}, BM25 (Pyserini) over the bundled corpus")
+    print(f"queries: {len(queries)} HotpotQA dev questions, top_k={args.top_k}, BM25 (Pyserini), bundled corpus")
     print(f"median env.step(<search>)        : {step * 1e3:8.3f} ms")
     print(f"median retriever.search alone    : {search * 1e3:8.3f} ms")
     print(f"ratio step / search              : {step / search:8.3f}")
