@@ -201,10 +201,6 @@ class ContextAgent:
         if role != slot.context.role:  # the executor answered: close its context, resume the planner's
             slot.closed.append(slot.context.freeze())
             slot.context = slot.parked.pop()
-            # An executor that runs out of turns gets its last search results and the <result> in one
-            # observation; only the <result> is the planner's, raw documents never enter its context.
-            _, sep, result = obs.rpartition("\n<result>")
-            obs = sep + result if sep else obs
         slot.context.add_prompt(self._tokenizer(role)(obs, add_special_tokens=False)["input_ids"])
         params = self.executor_params if role == "executor" else self.params
         if len(slot.context.token_ids) + params.max_new_tokens > self.max_context_tokens:

@@ -330,7 +330,9 @@ class RAGEnv(gym.Env[str, str]):
         elif role == "executor" and episode.role == "executor":
             episode.executor_turns += 1
             if episode.executor_turns >= self.max_executor_turns:
-                obs += f"\n<result>no answer: the worker used its {self.max_executor_turns} turns</result>\n"
+                # control returns to the planner, whose context never holds raw documents: the executor's
+                # last search results go with its closed context, only the <result> is observed
+                obs = f"\n<result>no answer: the worker used its {self.max_executor_turns} turns</result>\n"
                 episode.role = "planner"
                 info["executor_truncated"] = True
 

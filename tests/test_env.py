@@ -116,6 +116,7 @@ def test_coda_executor_limit_returns_no_answer_and_planner_limit_truncates():
     env.step("<search>q1</search>")
     obs, _, _, _, info = env.step("<search>q2</search>")
     assert info["role"] == "planner" and info["executor_truncated"] and "<result>no answer" in obs
+    assert "<information>" not in obs  # the worker's last documents never reach the planner
     obs, reward, terminated, truncated, info = env.step("<task>again</task>")
     assert info["role"] == "executor" and not truncated
     env.step("<answer>x</answer>")

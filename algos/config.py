@@ -1,0 +1,320 @@
+"""Training configuration: one frozen dataclass, its named presets, and the command line built from them.
+
+Every field has a one-line docstring, which tyro turns into the `--help` text, so `--help` is the
+reference. Derived values (the env's turn limits, the run directory, bf16, where old log-probs come
+from) are properties, never fields changed after parsing.
+
+Presets name whole sets of defaults; flags given after them override single fields:
+
+- ``gpu``: the seed's training defaults (32 prompts per step, group size 2, 2 search turns, 480 steps,
+  lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
+- ``cpu``: SmolLM2-135M-Instruct and the bundled data, sized to finish in about 15 minutes on 2 CPU
+  cores (few prompts per step, short passages, short turns; see benchmarks/README_train.md).
+- ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
+
+With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
+
+    python -m algos.red_grpo --preset cpu --steps 20 --lr 5e-6
+    python -m algos.red_grpo --preset tiny --run-dir /tmp/run --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+PresetName = Literal["gpu", "cpu", "tiny"]
+AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of one training run (GRPO, GRPO + fixed SFT, or GRPO + RED)."""
+
+    # --- run ---------------------------------------------------------------------------------------------
+    preset: PresetName = "gpu"
+    """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
+    algo: AlgoName = "red_grpo"
+    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), sft (SFT only: a warm start)."""
+    seed: int = 0
+    """Seeds the data order, sampling, SFT minibatches and model initialisation."""
+    steps: int = 480
+    """Training steps (one collected batch and one optimizer step each)."""
+    run_dir: str | None = None
+    """Where checkpoints, metrics.jsonl and the final model go; None means runs/<run_name>."""
+    run_name: str | None = None
+    """Name of the run (wandb and the default run_dir); None means <algo>-<preset>-seed<seed>."""
+    resume: bool = False
+    """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
+
+    # --- model -------------------------------------------------------------------------------------------
+    model: str | None = None
+    """Hugging Face id or local directory; None is the bundled SmolLM2-135M-Instruct; "tiny" a tiny random Llama."""
+    device: str | None = None
+    """torch device; None means cuda when available, else cpu."""
+    bf16: bool | None = None
+    """bfloat16 autocast for every forward pass (weights and optimizer stay float32); None means on with CUDA."""
+    torch_threads: int | None = None
+    """CPU threads for torch (torch.set_num_threads); None keeps torch's default."""
+    lora: bool = False
+    """Train a LoRA adapter (peft) instead of every weight."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get a LoRA adapter."""
+
+    # --- environment -------------------------------------------------------------------------------------
+    protocol: Literal["flat", "coda"] = "flat"
+    """Env protocol and agent: flat (Search-R1 agent) or coda (Planner/Executor agent)."""
+    split: str = "train"
+    """HotpotQA split the questions (and the oracle demonstrations) come from."""
+    retriever: str = "bm25"
+    """Retriever of the env: bm25, dense, hybrid, or a retrieval server URL (unused with corpus=distractor)."""
+    corpus: Literal["pooled", "distractor"] = "pooled"
+    """Env corpus setting: pooled (search the whole corpus) or distractor (each question's own paragraphs)."""
+    top_k: int = 3
+    """Passages per search."""
+    max_passage_words: int = 80
+    """Words kept of each passage."""
+    max_search_turns: int = 2
+    """Searches an episode (flat) or an executor task (coda) may make before it must answer."""
+    max_planner_turns: int = 4
+    """coda: planner turns per episode."""
+    num_questions: int | None = None
+    """Train on the first N questions of the split only; None uses them all."""
+
+    # --- sampling ----------------------------------------------------------------------------------------
+    questions_per_step: int = 32
+    """Distinct questions (prompts) per step."""
+    group_size: int = 2
+    """Episodes per question (G of GRPO)."""
+    max_new_tokens: int = 256
+    """Tokens sampled per turn at most."""
+    temperature: float = 1.0
+    """Sampling temperature (the training log-probs use the same one)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_context_tokens: int = 4096
+    """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
+    sampler_batch_size: int = 64
+    """Rows per sampler forward pass."""
+
+    # --- optimisation ------------------------------------------------------------------------------------
+    lr: float = 1e-6
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    micro_batch_tokens: int = 16384
+    """Padded tokens per forward/backward micro-batch; gradients accumulate over micro-batches."""
+    skip_zero_advantage: bool = True
+    """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
+
+    # --- GRPO loss ---------------------------------------------------------------------------------------
+    clip_eps: float = 0.2
+    """PPO ratio clip (lower, and upper unless clip_eps_high is set)."""
+    clip_eps_high: float | None = None
+    """Upper ratio clip (DAPO clip-higher); None uses clip_eps."""
+    advantage_std_scale: bool = True
+    """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO)."""
+    old_logp: Literal["auto", "sampler", "recompute"] = "auto"
+    """Old log-probs: the sampler's, or recomputed with the training model; auto recomputes under bf16."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL penalty to the frozen initial model (0: off, no reference model kept)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1/k2/k3)."""
+
+    # --- SFT term ----------------------------------------------------------------------------------------
+    sft_coef: float = 0.1
+    """Coefficient of the SFT cross-entropy on oracle demonstrations (times the rule's weight)."""
+    sft_batch_size: int = 8
+    """Oracle demonstrations (contexts) in each step's SFT minibatch."""
+    sft_data: str | None = None
+    """JSON lines of demonstrations (from `python -m agents.oracle` or this trainer's cache); None builds them."""
+    sft_num_demos: int | None = None
+    """Oracle episodes to generate when building demonstrations; None means every question of the split."""
+    red_max_factor: float = 5.0
+    """RED's G: bound of each factor; the weight lies in [1, G^2]."""
+    red_decay: float = 0.99
+    """RED's EMA decay of both entropies."""
+    red_use_accuracy: bool = True
+    """RED: include the batch-accuracy factor."""
+
+    # --- logging and checkpoints -------------------------------------------------------------------------
+    save_every: int = 50
+    """Write a checkpoint every N steps (0: only the final one)."""
+    keep_checkpoints: int = 3
+    """How many step checkpoints to keep (the newest)."""
+    wandb: bool = True
+    """Log to Weights & Biases (offline unless logged in; WANDB_MODE is respected)."""
+    wandb_project: str = "redcoda"
+    """wandb project."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    # --- derived -----------------------------------------------------------------------------------------
+    @property
+    def env_id(self) -> str:
+        """Registered env id of the protocol."""
+        return "RedCoda-HotpotQA-CoDA-v0" if self.protocol == "coda" else "RedCoda-HotpotQA-v0"
+
+    @property
+    def max_turns(self) -> int:
+        """Flat episodes: the searches plus the answer turn."""
+        return self.max_search_turns + 1
+
+    @property
+    def max_executor_turns(self) -> int:
+        """coda executor tasks: the searches plus the answer turn."""
+        return self.max_search_turns + 1
+
+    @property
+    def env_kwargs(self) -> dict[str, object]:
+        """Arguments of `gym.make` besides the id (also the oracle's env, so demos match the RL contexts)."""
+        return {
+            "split": self.split,
+            "corpus": self.corpus,
+            "retriever": None if self.corpus == "distractor" else self.retriever,
+            "top_k": self.top_k,
+            "max_passage_words": self.max_passage_words,
+            "max_turns": self.max_turns,
+            "max_planner_turns": self.max_planner_turns,
+            "max_executor_turns": self.max_executor_turns,
+        }
+
+    @property
+    def name(self) -> str:
+        """Run name: run_name, or <algo>-<preset>-seed<seed>."""
+        return self.run_name or f"{self.algo}-{self.preset}-seed{self.seed}"
+
+    @property
+    def output_dir(self) -> Path:
+        """Run directory: run_dir, or runs/<name>."""
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    @property
+    def torch_device(self) -> str:
+        """The device actually used."""
+        if self.device:
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def use_bf16(self) -> bool:
+        """Whether forward passes run under bfloat16 autocast."""
+        return self.bf16 if self.bf16 is not None else self.torch_device.startswith("cuda")
+
+    @property
+    def recompute_old_logp(self) -> bool:
+        """Whether old log-probs are recomputed by the training model rather than taken from the sampler."""
+        return self.old_logp == "recompute" or (self.old_logp == "auto" and self.use_bf16)
+
+    @property
+    def uses_sft(self) -> bool:
+        """Whether the algorithm has an SFT term at all."""
+        return self.algo != "grpo" and self.sft_coef > 0
+
+
+PRESETS: dict[str, dict[str, object]] = {
+    "gpu": {},
+    "cpu": {
+        "preset": "cpu",
+        "steps": 8,
+        "questions_per_step": 2,
+        "group_size": 2,
+        "top_k": 3,
+        "max_passage_words": 40,
+        "max_new_tokens": 64,
+        "max_context_tokens": 2048,
+        "sft_batch_size": 2,
+        "sft_num_demos": 256,
+        "lr": 5e-6,
+        "micro_batch_tokens": 4096,
+        "torch_threads": 1,
+        "save_every": 4,
+    },
+    "tiny": {
+        "preset": "tiny",
+        "model": "tiny",
+        "steps": 2,
+        "questions_per_step": 2,
+        "group_size": 2,
+        "top_k": 2,
+        "max_passage_words": 20,
+        "max_new_tokens": 16,
+        "max_context_tokens": 1024,
+        "num_questions": 16,
+        "sft_batch_size": 2,
+        "sft_num_demos": 8,
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "micro_batch_tokens": 2048,
+        "torch_threads": 1,
+        "save_every": 1,
+        "keep_checkpoints": 2,
+        "wandb": False,
+        "progress": False,
+    },
+}
+"""Each preset's changes to the dataclass defaults (gpu: none, the seed's defaults)."""
+
+
+def preset_config(preset: PresetName, **overrides: object) -> Config:
+    """The config of a named preset, with `overrides` applied on top.
+
+    Args:
+        preset: gpu, cpu or tiny.
+        **overrides: field values that replace the preset's.
+
+    Returns:
+        A `Config`.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(Config(), **{"preset": preset, **PRESETS[preset], **overrides})
+
+
+def default_preset() -> PresetName:
+    """gpu when CUDA is available, else cpu."""
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def parse_config(
+    argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None, **defaults: object
+) -> Config:
+    """Parse a command line into a `Config`: the preset first (``--preset``), then every other flag.
+
+    Args:
+        argv: Arguments without the program name; None reads sys.argv.
+        algo: The entry point's algorithm (its default for ``--algo``).
+        description: Text shown at the top of ``--help``.
+        **defaults: Entry-point defaults applied on top of the preset (flags still override them).
+
+    Returns:
+        The parsed, frozen `Config`.
+    """
+    import sys
+
+    import tyro
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    known, _ = pre.parse_known_args(args)
+    base = preset_config(known.preset or default_preset(), algo=algo, **defaults)
+    return tyro.cli(Config, default=base, args=args, description=description)

@@ -1,0 +1,28 @@
+"""SFT warm start: supervised steps on oracle demonstrations only, no rollouts.
+
+Untrained, SmolLM2-135M-Instruct rarely writes the protocol's tags, so every GRPO group scores -3 and
+its advantages are all 0: policy gradient alone cannot start. A short warm start on the oracle's
+demonstrations (the same data the SFT term of GRPO+SFT and RED uses, in the same token layout) teaches
+the protocol; the three algorithms then start from the same warm model (`--model RUN_DIR/final`), which
+is what `benchmarks.compare --warm-start-steps N` does.
+
+    python -m algos.sft --preset cpu --steps 40              # writes runs/sft-cpu-seed0/final
+    python -m algos.red_grpo --preset cpu --model runs/sft-cpu-seed0/final
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from algos.trainer import main as train
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the SFT warm start; returns the run summary."""
+    # a warm start wants a larger step size and batch than RL fine-tuning (lr 1e-6)
+    return train(argv, algo="sft", description=__doc__, lr=5e-5, sft_batch_size=4, sft_coef=1.0)
+
+
+if __name__ == "__main__":
+    main()

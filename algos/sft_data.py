@@ -1,0 +1,197 @@
+"""Oracle demonstrations for the SFT term of GRPO + SFT and RED: built once, cached, loaded as `Generation`s.
+
+The demonstrations are `agents.oracle.OracleAgent` episodes played through the same env as the RL
+rollouts (same protocol, retriever, top_k, passage length and turn limits), so the SFT contexts look
+exactly like the ones the policy samples in, token for token (loss mask 1 on the oracle's turns).
+Only episodes the oracle answered correctly (F1 > 0) are kept.
+
+Where they come from, in order:
+
+- ``sft_data=FILE.jsonl``: a file of either format below.
+- the cache ``cache_root()/sft/<key>.jsonl``, keyed by the env settings, the tokenizer and the oracle's seed.
+- otherwise the oracle runs now (tens of seconds for the bundled train split) and fills the cache.
+
+Formats (JSON lines): this module's own, one context per line,
+``{"token_ids": [...], "loss_mask": [...], "role": "agent", "index": 3, "f1": 1.0}``; or one episode per
+line as written by ``python -m agents.oracle --out FILE.jsonl``, ``{"f1", "contexts": [{"role",
+"messages": [{"role": "assistant"|"observation", "content"}]}]}``, re-tokenized message by message.
+
+    demos = load_demonstrations(config, tokenizer, max_tokens=2048)   # list[Generation]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agents.records import Generation, Trajectory
+from algos.config import Config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_oracle_demonstrations", "demonstrations_cache_path", "load_demonstrations", "read_demonstrations"]
+
+
+def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
+    """Cache file of the demonstrations that `config` asks for, keyed by everything that changes them."""
+    from retrievers.corpus import cache_root
+
+    key = {
+        "env_id": config.env_id,
+        **config.env_kwargs,
+        "num_demos": config.sft_num_demos,
+        "seed": config.seed,
+        "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+        "vocab": len(tokenizer),
+        "chat_template": hashlib.sha256(str(getattr(tokenizer, "chat_template", "")).encode()).hexdigest()[:16],
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "sft" / f"oracle-{config.protocol}-{config.split}-{digest}.jsonl"
+
+
+def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: int = 32) -> list[Trajectory]:
+    """Play the oracle on the split's first ``sft_num_demos`` questions (all when None) through the real env.
+
+    Args:
+        config: Supplies the env settings, the number of episodes and the seed.
+        tokenizer: Tokenizer of the model the demonstrations are for.
+        batch_size: Envs played at once.
+
+    Returns:
+        One trajectory per question, in question order.
+    """
+    import gymnasium as gym
+    from tqdm.auto import tqdm
+
+    import envs  # noqa: F401  (registers the ids)
+    from agents.oracle import OracleAgent
+
+    env_fns = [gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
+    num_examples = env_fns[0].unwrapped.num_examples
+    n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
+    agent = OracleAgent(tokenizer, seed=config.seed)
+    trajectories: list[Trajectory] = []
+    with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:
+        for lo in range(0, n, batch_size):
+            indices = list(range(lo, min(lo + batch_size, n)))
+            trajectories += agent.rollout(env_fns[: len(indices)], indices, seed=config.seed + lo)
+            bar.update(len(indices))
+    for env in env_fns:
+        env.close()
+    return trajectories
+
+
+def _write_atomic(path: Path, lines: Iterable[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _generation_record(generation: Generation, trajectory: Trajectory) -> str:
+    return json.dumps(
+        {
+            "token_ids": list(generation.token_ids),
+            "loss_mask": list(generation.loss_mask),
+            "role": generation.role,
+            "index": trajectory.example_index,
+            "f1": float(trajectory.info.get("f1", 0.0)),
+        }
+    )
+
+
+def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generation]:
+    """Read demonstrations of either format (see the module docstring), keeping only correct ones (F1 > 0).
+
+    Args:
+        path: JSON-lines file.
+        tokenizer: Tokenizes the chat format's messages (unused for the token format).
+
+    Returns:
+        The demonstrations' contexts; their ``sample_logprobs`` are 0 (they are not sampled).
+    """
+    out: list[Generation] = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if float(record.get("f1", 1.0)) <= 0:
+                continue
+            if "token_ids" in record:
+                ids, mask = record["token_ids"], record["loss_mask"]
+                out.append(Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent")))
+            elif "contexts" in record:
+                out.extend(_from_messages(context, tokenizer) for context in record["contexts"])
+            else:
+                raise ValueError(f"{path}:{line_no}: neither token_ids/loss_mask nor contexts/messages")
+    return out
+
+
+def _from_messages(context: dict[str, Any], tokenizer: Any) -> Generation:
+    ids: list[int] = []
+    mask: list[int] = []
+    for message in context["messages"]:
+        piece = tokenizer(message["content"], add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [int(message["role"] == "assistant")] * len(piece)
+    return Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), context.get("role", "agent"))
+
+
+def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | None = None) -> list[Generation]:
+    """The SFT demonstrations for `config`: from ``config.sft_data``, the cache, or a fresh oracle run.
+
+    Args:
+        config: Training config (env settings, ``sft_data``, ``sft_num_demos``, seed).
+        tokenizer: The policy's tokenizer.
+        max_tokens: Drop contexts longer than this (the model's context); None keeps all.
+
+    Returns:
+        Demonstration contexts (every context of every kept episode).
+
+    Raises:
+        ValueError: No demonstration survives the filters.
+    """
+    if config.sft_data is not None:
+        demos = read_demonstrations(config.sft_data, tokenizer)
+        source = config.sft_data
+    else:
+        path = demonstrations_cache_path(config, tokenizer)
+        if not path.is_file():
+            trajectories = build_oracle_demonstrations(config, tokenizer)
+            _write_atomic(path, (_generation_record(g, t) for t in trajectories for g in t.generations))
+            correct = sum(float(t.info.get("f1", 0.0)) > 0 for t in trajectories)
+            logger.info("oracle: %d of %d episodes correct; cached at %s", correct, len(trajectories), path)
+        demos = read_demonstrations(path, tokenizer)
+        source = str(path)
+    kept = [d for d in demos if max_tokens is None or len(d.token_ids) <= max_tokens]
+    if len(kept) < len(demos):
+        logger.warning(
+            "dropped %d of %d demonstrations longer than %s tokens", len(demos) - len(kept), len(demos), max_tokens
+        )
+    if not kept:
+        raise ValueError(f"no usable demonstrations in {source} (none correct, or all longer than {max_tokens} tokens)")
+    return kept
+
+
+def sample_indices(num_demos: int, batch_size: int, seed: int, step: int) -> Sequence[int]:
+    """Indices of one step's SFT minibatch: a function of (seed, step) only, so a resumed run draws the same ones."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, step, 0x5F7])
+    return rng.choice(num_demos, size=min(batch_size, num_demos), replace=False).tolist()

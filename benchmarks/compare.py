@@ -1,0 +1,374 @@
+"""The algorithm comparison: GRPO vs GRPO + fixed SFT vs GRPO + RED on the same env, seeds and budget.
+
+    python -m benchmarks.compare --algos grpo grpo_sft red_grpo --seeds 3 --budget cpu
+    python -m benchmarks.compare --budget gpu --protocol coda --out benchmarks/results/compare-gpu-coda
+
+For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
+never leaks into the next) on the same env, data order (the seed fixes it identically for every
+algorithm) and compute budget, then evaluates the final model with `benchmarks.evaluate` on the same
+held-out questions (greedy). The untrained model is evaluated once on the same questions as a baseline.
+
+Written to `--out`:
+- `table.md`, `table.csv`: per algorithm, mean and 95% CI across seeds of EM, F1, format score, searches
+  per question, invalid actions, training tokens and wall time (plus the untrained baseline);
+- `reward.png`, `f1.png`, `red_weights.png`: training curves (mean over seeds, one line per algorithm);
+- `report.json`: the exact command, budget, protocol, machine, seeds and every run's numbers;
+- `runs/<algo>-seed<s>/`: each trainer run (checkpoints, metrics.jsonl, final model);
+- `evals/<name>.json`: each evaluation (metrics and per-question predictions).
+
+An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
+(`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.stats import mean_ci
+
+ALGOS = ("grpo", "grpo_sft", "red_grpo")
+TABLE_METRICS = ("em", "f1", "format", "num_searches", "invalid_actions")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much each run may train and how it is evaluated."""
+
+    preset: str
+    """Trainer preset (algos.config.PRESETS) the runs start from."""
+    steps: int
+    """Training steps per run."""
+    eval_limit: int | None
+    """Held-out questions evaluated (the first N of the split; None: all)."""
+    eval_batch: int = 32
+    """Episodes per batched evaluation rollout."""
+    train_args: tuple[str, ...] = field(default_factory=tuple)
+    """Extra trainer flags shared by every run."""
+
+
+BUDGETS = {
+    # About an hour for 3 algorithms x 3 seeds on 2 CPU cores: short runs of the cpu preset, 50 dev questions.
+    "cpu": Budget("cpu", steps=6, eval_limit=50, eval_batch=25),
+    # The seed's configuration (32 prompts per step, group size 2, 480 steps) on the 200 dev questions.
+    "gpu": Budget("gpu", steps=480, eval_limit=None, eval_batch=64),
+    # Seconds: the test suite runs the whole comparison with it.
+    "tiny": Budget("tiny", steps=2, eval_limit=4, eval_batch=4),
+}
+
+
+def _env_settings(preset: str, extra: Sequence[str]) -> dict[str, Any]:
+    """The trainer config the runs use: env settings for the evaluation must match them."""
+    import dataclasses
+
+    from algos.config import parse_config
+
+    return dataclasses.asdict(parse_config(["--preset", preset, *extra], algo="grpo"))
+
+
+def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) -> dict[str, Any]:
+    """Train one run to the end (or resume it), and return its summary (cached in run_dir/summary.json)."""
+    done = run_dir / "summary.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    cmd = [
+        sys.executable,
+        "-m",
+        f"algos.{algo}",
+        "--preset",
+        budget.preset,
+        "--seed",
+        str(seed),
+        "--steps",
+        str(budget.steps),
+        "--protocol",
+        protocol,
+        "--run-dir",
+        str(run_dir),
+        *budget.train_args,
+    ]
+    if (run_dir / "checkpoints").exists():
+        cmd.append("--resume")
+    start = time.perf_counter()
+    print(f"[compare] {shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = {
+        "algo": algo,
+        "seed": seed,
+        "steps": len(rows),
+        "wall_time_s": float(rows[-1].get("time/elapsed", time.perf_counter() - start)),
+        "tokens_trained": float(sum(r.get("tokens/trained", 0.0) for r in rows)),
+        "final_model": str(run_dir / "final"),
+    }
+    done.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def evaluate_run(
+    name: str, model: str | None, budget: Budget, protocol: str, settings: dict[str, Any], out_dir: Path
+) -> dict[str, Any]:
+    """Evaluate one model on the held-out questions (cached in out_dir/<name>.json)."""
+    from benchmarks.evaluate import evaluate
+
+    target = out_dir / f"{name}.json"
+    if target.exists():
+        return json.loads(target.read_text())
+    result = evaluate(
+        "coda" if protocol == "coda" else "search_r1",
+        model,
+        split="dev",
+        limit=budget.eval_limit,
+        batch=budget.eval_batch,
+        seed=0,
+        temperature=0.0,
+        max_new_tokens=settings["max_new_tokens"],
+        max_turns=settings["max_search_turns"] + 1,
+        env_kwargs={
+            "top_k": settings["top_k"],
+            "max_passage_words": settings["max_passage_words"],
+            "corpus": settings["corpus"],
+            "retriever": None if settings["corpus"] == "distractor" else settings["retriever"],
+        },
+        progress=True,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, ensure_ascii=False))
+    os.replace(tmp, target)
+    return result
+
+
+def _curves(run_dirs: dict[str, list[Path]], key: str) -> dict[str, np.ndarray]:
+    """Per algorithm, the mean over seeds of a logged metric at every step (shortest run's length)."""
+    out = {}
+    for algo, dirs in run_dirs.items():
+        series = []
+        for d in dirs:
+            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            series.append([float(r.get(key, np.nan)) for r in rows])
+        if series:
+            n = min(len(s) for s in series)
+            values = np.array([s[:n] for s in series])
+            seen = np.isfinite(values).any(axis=0)  # steps where no seed logged the metric stay NaN, quietly
+            out[algo] = np.where(seen, np.nanmean(np.where(np.isfinite(values), values, 0.0), axis=0), np.nan)
+            out[algo][seen] = np.nanmean(values[:, seen], axis=0)
+    return out
+
+
+def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
+    """reward.png, f1.png and red_weights.png: training curves, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    panels = {
+        "reward.png": [("critic/rewards/mean", "episode reward")],
+        "f1.png": [("answer_f1/mean", "answer F1 (training rollouts)")],
+        "red_weights.png": [
+            ("red/entropy_weight", "entropy weight"),
+            ("red/accuracy_factor", "accuracy factor"),
+            ("red/final_weight", "final weight"),
+            ("sft/weight", "SFT weight (all rules)"),
+        ],
+    }
+    for filename, keys in panels.items():
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
+        for ax, (key, label) in zip(axes[0], keys, strict=True):
+            for algo, curve in _curves(run_dirs, key).items():
+                if np.isfinite(curve).any():
+                    ax.plot(np.arange(1, len(curve) + 1), curve, marker="o", markersize=3, label=algo)
+            ax.set_xlabel("step")
+            ax.set_title(label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+        written.append(filename)
+    return written
+
+
+def _row(name: str, evals: list[dict[str, Any]], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"algorithm": name, "seeds": len(evals)}
+    for metric in TABLE_METRICS:
+        per_seed = [e["metrics"][metric]["mean"] for e in evals]
+        interval = mean_ci(per_seed) if len(per_seed) > 1 else None
+        row[metric] = float(np.mean(per_seed))
+        row[f"{metric}_low"] = interval.low if interval else float("nan")
+        row[f"{metric}_high"] = interval.high if interval else float("nan")
+    row["tokens_trained"] = float(np.mean([s["tokens_trained"] for s in summaries])) if summaries else 0.0
+    row["train_wall_s"] = float(np.mean([s["wall_time_s"] for s in summaries])) if summaries else 0.0
+    row["eval_wall_s"] = float(np.mean([e["wall_s"] for e in evals]))
+    return row
+
+
+def write_tables(rows: list[dict[str, Any]], out: Path, header: str) -> None:
+    """table.csv (every number) and table.md (mean [95% CI across seeds])."""
+    with open(out / "table.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def cell(row: dict[str, Any], metric: str) -> str:
+        low, high = row[f"{metric}_low"], row[f"{metric}_high"]
+        ci = f" [{low:.3f}, {high:.3f}]" if np.isfinite(low) else ""
+        return f"{row[metric]:.3f}{ci}"
+
+    lines = [
+        header,
+        "",
+        "| algorithm | seeds | EM | F1 | format | searches/q | invalid actions/q | tokens trained | train wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['algorithm']} | {row['seeds']} | "
+            + " | ".join(cell(row, m) for m in TABLE_METRICS)
+            + f" | {row['tokens_trained']:.0f} | {row['train_wall_s']:.0f} |"
+        )
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description="Compare GRPO, GRPO + SFT and GRPO + RED on the same env.")
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every algorithm")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
+    parser.add_argument("--steps", type=int, default=None, help="override the budget's training steps")
+    parser.add_argument("--eval-limit", type=int, default=None, help="override the budget's held-out questions")
+    parser.add_argument("--protocol", choices=("flat", "coda"), default="flat")
+    parser.add_argument(
+        "--out", default=None, help="results folder (default benchmarks/results/compare-<budget>-<protocol>)"
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the untrained model")
+    parser.add_argument("--train-arg", action="append", default=[], help="extra trainer flag (repeatable)")
+    parser.add_argument("--init-model", default=None, help="start every run (and the baseline) from this model")
+    parser.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=0,
+        help="first run `python -m algos.sft` for N steps and start every run from its model",
+    )
+    args = parser.parse_args(argv)
+
+    budget = BUDGETS[args.budget]
+    budget = Budget(
+        budget.preset,
+        args.steps or budget.steps,
+        args.eval_limit or budget.eval_limit,
+        budget.eval_batch,
+        (*budget.train_args, *args.train_arg),
+    )
+    out = Path(args.out or f"benchmarks/results/compare-{args.budget}-{args.protocol}")
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    if args.warm_start_steps > 0:
+        warm = out / "runs" / "warm-start"
+        if not (warm / "final").exists():
+            cmd = [
+                sys.executable,
+                "-m",
+                "algos.sft",
+                "--preset",
+                budget.preset,
+                "--steps",
+                str(args.warm_start_steps),
+                "--protocol",
+                args.protocol,
+                "--run-dir",
+                str(warm),
+                *budget.train_args,
+            ]
+            if (warm / "checkpoints").exists():
+                cmd.append("--resume")
+            print(f"[compare] {shlex.join(cmd)}", flush=True)
+            subprocess.run(cmd, check=True)
+        args.init_model = str(warm / "final")
+    if args.init_model:
+        budget = Budget(
+            budget.preset,
+            budget.steps,
+            budget.eval_limit,
+            budget.eval_batch,
+            (*budget.train_args, "--model", args.init_model),
+        )
+    settings = _env_settings(budget.preset, budget.train_args)
+    start = time.perf_counter()
+
+    run_dirs: dict[str, list[Path]] = {}
+    rows = []
+    report_runs = []
+    for algo in args.algos:
+        evals, summaries = [], []
+        for seed in range(args.seeds):
+            run_dir = out / "runs" / f"{algo}-seed{seed}"
+            summary = train(algo, seed, budget, args.protocol, run_dir)
+            result = evaluate_run(
+                f"{algo}-seed{seed}", summary["final_model"], budget, args.protocol, settings, out / "evals"
+            )
+            run_dirs.setdefault(algo, []).append(run_dir)
+            evals.append(result)
+            summaries.append(summary)
+            report_runs.append({**summary, "eval": result["metrics"]})
+        rows.append(_row(algo, evals, summaries))
+    if not args.no_baseline:
+        model: Any = settings["model"]
+        if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
+            from agents.models import tiny_model
+
+            model = tiny_model(seed=0)
+        base = evaluate_run("untrained", model, budget, args.protocol, settings, out / "evals")
+        rows.append(_row("start model, no RL (baseline)", [base], []))
+
+    wall = time.perf_counter() - start
+    command = "python -m benchmarks.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
+    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            machine += f", {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    header = (
+        f"Protocol: {args.protocol}; budget: {args.budget} ({budget.steps} steps of preset {budget.preset}); "
+        f"start model: {settings['model'] or 'SmolLM2-135M-Instruct'}; "
+        f"seeds: 0..{args.seeds - 1}; held-out: first {budget.eval_limit or 'all'} HotpotQA dev questions, greedy. "
+        f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
+        f"Wall time of this invocation: {wall / 60:.1f} min."
+    )
+    write_tables(rows, out, header)
+    plots = plot(run_dirs, out)
+    report = {
+        "command": command,
+        "budget": budget.__dict__,
+        "protocol": args.protocol,
+        "seeds": args.seeds,
+        "machine": machine,
+        "wall_time_s": wall,
+        "rows": rows,
+        "runs": report_runs,
+        "plots": plots,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print((out / "table.md").read_text())
+    return report
+
+
+if __name__ == "__main__":
+    main()

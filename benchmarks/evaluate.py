@@ -1,0 +1,417 @@
+"""Evaluate an agent on a QA split: EM, F1, format, searches and invalid actions, each with a 95% CI.
+
+    python -m benchmarks.evaluate --agent {direct,rag,search_r1,coda,oracle} [--model smollm2-135m] \\
+        [--split dev] [--limit N] [--batch 32] [--seed 0] [--temperature 0] [--out FILE.jsonl]
+
+Agents:
+* ``direct``: the model answers from the question alone (a chat prompt asking for a short answer inside
+  <answer></answer>; a reply without the tags is taken whole).
+* ``rag``: the same, with the top-3 BM25 passages for the question in the prompt (one retrieval).
+* ``search_r1``: `SearchR1Agent` in the flat env (RedCoda-HotpotQA-v0).
+* ``coda``: `CodaAgent` in the planner/executor env (RedCoda-HotpotQA-CoDA-v0).
+* ``oracle``: `OracleAgent` (gold evidence) in the flat env: an upper bound and a check of the pipeline.
+
+Agents act greedily unless ``--temperature`` is set. ``--model`` is None or "smollm2-135m" (the bundled
+SmolLM2-135M-Instruct), a local directory (e.g. a trained checkpoint) or a Hugging Face id. Scores come
+from `envs.rewards` only: the env's terminal info for env agents, the same functions for direct and rag.
+
+Per question: ``em``, ``f1``, ``format`` (graduated format score), ``num_searches`` (retrieval calls) and
+``invalid_actions`` (the share of the question's actions that were invalid; for direct and rag, 1 when the
+reply is not a valid <answer>). The table gives each one's mean and 95% t-interval over questions; ``--out``
+writes one JSON line per question. From Python (the algorithm comparison calls this):
+
+    from benchmarks.evaluate import evaluate
+    result = evaluate("search_r1", "runs/red_grpo/final", "dev", limit=200)
+    result["metrics"]["f1"]          # {"mean": ..., "low": ..., "high": ..., "n": 200}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stats import Interval, mean_ci
+
+AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
+"""Agent names `evaluate` accepts."""
+METRICS = ("em", "f1", "format", "num_searches", "invalid_actions")
+"""Per-question metrics, in table order."""
+
+DIRECT_INSTRUCTIONS = (
+    "Answer the question with a short answer (a name, a date, a number, yes or no), without explanation, "
+    "inside <answer> and </answer>, for example <answer> Beijing </answer>."
+)
+RAG_INSTRUCTIONS = (
+    "Answer the question using the documents. Give a short answer (a name, a date, a number, yes or no), "
+    "without explanation, inside <answer> and </answer>, for example <answer> Beijing </answer>."
+)
+RAG_TOP_K = 3
+"""Passages the rag baseline retrieves (as the env's default top_k)."""
+
+
+def evaluate(
+    agent_name: str,
+    model: Any = None,
+    split: str = "dev",
+    limit: int | None = None,
+    *,
+    dataset: str = "hotpotqa",
+    batch: int = 32,
+    seed: int = 0,
+    temperature: float = 0.0,
+    max_new_tokens: int = 128,
+    max_turns: int = 4,
+    env_kwargs: dict[str, Any] | None = None,
+    out: str | os.PathLike | None = None,
+    progress: bool = True,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Run one agent over the first `limit` questions of a split and score it.
+
+    Args:
+        agent_name: one of `AGENTS`.
+        model: None or "smollm2-135m" (bundled), a local directory, a Hugging Face id, or an already
+            loaded `(model, tokenizer)` pair. Ignored by the oracle (it only needs the SmolLM2 tokenizer
+            unless a pair is given).
+        split: dataset split ("dev" has the 200 bundled HotpotQA questions).
+        limit: evaluate the first `limit` questions (None: all).
+        dataset: bundled dataset (hotpotqa, musique, 2wiki, bamboogle).
+        batch: episodes (or prompts) per batched rollout.
+        seed: seeds the sampler and the rollouts.
+        temperature: sampling temperature; 0 is greedy.
+        max_new_tokens: tokens per model turn (per reply for direct and rag).
+        max_turns: turns per episode (flat), planner turns (coda); executors get `max_turns - 1`.
+        env_kwargs: more RAGEnv arguments (e.g. top_k, max_passage_words) for the env agents; rag uses their
+            top_k and max_passage_words too.
+        out: write one JSON line per question here.
+        progress: show a progress bar.
+        device: torch device for the model (None: CUDA when available).
+
+    Returns:
+        `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "predictions"}`
+        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% t-interval) for each of `METRICS`, and
+        `predictions` the per-question records written to `out`.
+    """
+    from envs.data import load_examples
+
+    if agent_name not in AGENTS:
+        raise ValueError(f"unknown agent {agent_name!r}; choose one of {', '.join(AGENTS)}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    examples = load_examples(dataset, split)
+    n = len(examples) if limit is None else min(limit, len(examples))
+    start = time.perf_counter()
+    if agent_name in ("direct", "rag"):
+        predictions = _answer_directly(
+            agent_name,
+            model,
+            examples[:n],
+            dataset,
+            batch,
+            seed,
+            temperature,
+            max_new_tokens,
+            progress,
+            device,
+            top_k=(env_kwargs or {}).get("top_k", RAG_TOP_K),
+            max_passage_words=(env_kwargs or {}).get("max_passage_words", 80),
+        )
+    else:
+        predictions = _run_agent(
+            agent_name,
+            model,
+            dataset,
+            split,
+            n,
+            batch,
+            seed,
+            temperature,
+            max_new_tokens,
+            max_turns,
+            progress,
+            device,
+            env_kwargs or {},
+        )
+    wall = time.perf_counter() - start
+    metrics = {name: mean_ci([p[name] for p in predictions]) for name in METRICS}
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            for record in predictions:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return {
+        "agent": agent_name,
+        "model": _model_name(model),
+        "dataset": dataset,
+        "split": split,
+        "n": n,
+        "seed": seed,
+        "temperature": temperature,
+        "wall_s": wall,
+        "metrics": {name: interval.as_dict() for name, interval in metrics.items()},
+        "predictions": predictions,
+    }
+
+
+def _model_name(model: Any) -> str:
+    if model is None:
+        return "smollm2-135m"
+    if isinstance(model, tuple):
+        return str(getattr(model[0].config, "name_or_path", "") or type(model[0]).__name__)
+    return str(model)
+
+
+def _load(model: Any, seed: int, device: str | None) -> Any:
+    """An `HFSampler` over `model` (a name, a path or a loaded `(model, tokenizer)` pair)."""
+    from agents.models import load_model
+    from agents.samplers import HFSampler
+
+    if isinstance(model, tuple):
+        lm, tokenizer = model
+    else:
+        lm, tokenizer = load_model(None if model in (None, "None", "none") else model, device=device)
+    return HFSampler(lm, tokenizer, seed=seed)
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="q", disable=not enabled)
+
+
+def extract_answer(reply: str) -> tuple[str, bool]:
+    """The answer in a direct or rag reply, and whether it was a valid <answer> action.
+
+    A valid `<answer>x</answer>` gives x; an opened but unclosed <answer> gives the text after it; a reply
+    without the tag is taken whole (stripped).
+    """
+    from envs.protocol import parse_action
+
+    parsed = parse_action(reply, "agent")
+    if parsed.valid and parsed.tool == "answer":
+        return parsed.argument, True
+    lowered = reply.lower()
+    if "<answer>" in lowered:
+        reply = reply[lowered.rindex("<answer>") + len("<answer>") :]
+    return reply.replace("</answer>", "").strip(), False
+
+
+def _answer_directly(
+    agent_name: str,
+    model: Any,
+    examples: Sequence[Any],
+    dataset: str,
+    batch: int,
+    seed: int,
+    temperature: float,
+    max_new_tokens: int,
+    progress: bool,
+    device: str | None,
+    top_k: int = RAG_TOP_K,
+    max_passage_words: int = 80,
+) -> list[dict[str, Any]]:
+    """direct and rag: one chat prompt per question, one batched generate call per `batch` questions."""
+    from agents.records import SamplingParams
+    from agents.samplers import encode_chat
+    from envs.protocol import format_passages, parse_action
+    from envs.rewards import exact_match, f1_score, format_score
+
+    sampler = _load(model, seed, device)
+    retriever = None
+    if agent_name == "rag":
+        from envs.rag_env import dataset_corpus, make_retriever
+
+        retriever = make_retriever("bm25", dataset_corpus(dataset))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=("</answer>",), seed=seed)
+    predictions = []
+    with _bar(len(examples), agent_name, progress) as bar:
+        for lo in range(0, len(examples), batch):
+            chunk = examples[lo : lo + batch]
+            prompts, contexts = [], []
+            for example in chunk:
+                if retriever is None:
+                    system, user = DIRECT_INSTRUCTIONS, f"Question: {example.question}"
+                    titles: list[str] = []
+                else:
+                    passages = retriever.search(example.question, top_k)
+                    titles = [p.title for p in passages]
+                    system = RAG_INSTRUCTIONS
+                    user = f"Documents:\n{format_passages(passages, max_passage_words)}\n\nQuestion: {example.question}"
+                contexts.append(titles)
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+                prompts.append(encode_chat(sampler.tokenizer, messages))
+            params = SamplingParams(**{**params.__dict__, "seed": seed + lo})
+            for i, (example, titles, completion) in enumerate(
+                zip(chunk, contexts, sampler.generate(prompts, params), strict=True)
+            ):
+                answer, valid = extract_answer(completion.text)
+                parsed = parse_action(completion.text, "agent")
+                predictions.append(
+                    {
+                        "index": lo + i,
+                        "id": example.id,
+                        "question": example.question,
+                        "gold_answers": list(example.answers),
+                        "prediction": answer,
+                        "em": exact_match(answer, example.answers),
+                        "f1": f1_score(answer, example.answers),
+                        "format": format_score(parsed.used_tags, parsed.malformed_tags),
+                        "num_searches": 0 if retriever is None else 1,
+                        "invalid_actions": 0.0 if valid else 1.0,
+                        "retrieved_titles": titles,
+                        "reply": completion.text,
+                        "finish_reason": completion.finish_reason,
+                    }
+                )
+            bar.update(len(chunk))
+    return predictions
+
+
+def _run_agent(
+    agent_name: str,
+    model: Any,
+    dataset: str,
+    split: str,
+    n: int,
+    batch: int,
+    seed: int,
+    temperature: float,
+    max_new_tokens: int,
+    max_turns: int,
+    progress: bool,
+    device: str | None,
+    extra_env_kwargs: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """search_r1, coda and oracle: batched episodes in the real env."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+    from agents.records import SamplingParams
+
+    protocol = "coda" if agent_name == "coda" else "flat"
+    env_kwargs = {"dataset": dataset, "split": split, "protocol": protocol, "max_turns": max_turns}
+    env_kwargs.update(max_planner_turns=max_turns, max_executor_turns=max(1, max_turns - 1))
+    env_kwargs.update(extra_env_kwargs)
+    if agent_name == "oracle":
+        from agents.models import smollm2_tokenizer
+        from agents.oracle import OracleAgent
+
+        tokenizer = model[1] if isinstance(model, tuple) else smollm2_tokenizer()
+        agent: Any = OracleAgent(tokenizer, seed=seed)
+        env_kwargs.update(max_turns=max(max_turns, 6))  # the oracle may search three times before answering
+    else:
+        from agents.search_agents import CodaAgent, SearchR1Agent
+
+        sampler = _load(model, seed, device)
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+        agent = (CodaAgent if agent_name == "coda" else SearchR1Agent)(sampler, params)
+    env_list = [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(min(batch, n))]
+    examples = env_list[0].unwrapped.examples
+    predictions = []
+    with _bar(n, agent_name, progress) as bar:
+        for lo in range(0, n, batch):
+            indices = list(range(lo, min(lo + batch, n)))
+            for trajectory in agent.rollout(env_list[: len(indices)], indices, seed=seed + lo):
+                info, example = trajectory.info, examples[trajectory.example_index]
+                actions = len(trajectory.actions)
+                predictions.append(
+                    {
+                        "index": trajectory.example_index,
+                        "id": example.id,
+                        "question": example.question,
+                        "gold_answers": list(example.answers),
+                        "prediction": info.get("answer"),
+                        "em": float(info["em"]),
+                        "f1": float(info["f1"]),
+                        "format": float(info["format"]),
+                        "num_searches": int(info["num_searches"]),
+                        "invalid_actions": info["invalid_actions"] / actions if actions else 0.0,
+                        "invalid_count": int(info["invalid_actions"]),
+                        "reward": trajectory.reward,
+                        "recall": float(info.get("recall", 0.0)),
+                        "answered": bool(info.get("answered", False)),
+                        "num_actions": actions,
+                        "sampled_tokens": sum(g.num_sampled for g in trajectory.generations),
+                        "sampler_errors": int(info.get("sampler_errors", 0)),
+                        "context_overflow": bool(info.get("context_overflow", False)),
+                        "actions": list(trajectory.actions),
+                    }
+                )
+            bar.update(len(indices))
+    for env in env_list:
+        env.close()
+    return predictions
+
+
+def format_table(results: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table: one row per result of `evaluate`, mean [95% CI] per metric, and wall time."""
+    header = "| agent | model | n | " + " | ".join(METRICS) + " | wall (s) |"
+    lines = [header, "|" + "---|" * (len(METRICS) + 4)]
+    for result in results:
+        cells = [
+            Interval(**{k: v for k, v in result["metrics"][name].items()}).format(2 if name == "num_searches" else 3)
+            for name in METRICS
+        ]
+        lines.append(
+            f"| {result['agent']} | {result['model']} | {result['n']} | "
+            + " | ".join(cells)
+            + f" | {result['wall_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", choices=AGENTS, required=True)
+    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m/None, a local directory or an HF id")
+    parser.add_argument("--dataset", default="hotpotqa")
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument("--batch", type=int, default=32, help="episodes per batched rollout")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per model turn")
+    parser.add_argument("--max-turns", type=int, default=4, help="turns per episode (planner turns for coda)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = None if args.model in ("None", "none") else args.model
+    result = evaluate(
+        args.agent,
+        model,
+        args.split,
+        args.limit,
+        dataset=args.dataset,
+        batch=args.batch,
+        seed=args.seed,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns,
+        out=args.out,
+        device=args.device,
+    )
+    print(
+        f"{args.agent} | model {result['model']} | {args.dataset} {args.split} | n={result['n']} | seed {args.seed} "
+        f"| temperature {args.temperature} | wall {result['wall_s']:.1f} s"
+    )
+    for name in METRICS:
+        interval = Interval(**result["metrics"][name])
+        print(f"  {name:<16} {interval.format(3)}")
+    if args.out:
+        print(f"wrote {result['n']} predictions to {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Generation throughput of a batched multi-turn CoDA rollout against plain batched sampling, same model.
+
+    python -m benchmarks.rollout [--model smollm2-135m] [--batch 16] [--max-new-tokens 64] [--turns 3] [--seed 0]
+
+Both sides sample from one `HFSampler` with the same `SamplingParams` (temperature 1, the tool-call stop
+strings, `max_new_tokens`); both count only sampled tokens (`Completion.token_ids`, i.e. the loss-masked
+tokens of the rollout's `Generation`s), never prompts or observations.
+
+* rollout: `CodaAgent.rollout` over `--batch` CoDA envs (real BM25, HotpotQA dev questions), wall time of
+  the whole call: every generate call, env step, retrieval and context bookkeeping.
+* plain (same lengths): the rollout's generate calls replayed as bare `sampler.generate` calls: the same
+  prompts (so the same prompt lengths and rows per call), the same params and seeds, so the same tokens
+  are sampled. Its tokens/s over the rollout's is the headline ratio (target >= 0.8): what the agent and
+  env add around sampling (env steps, retrieval, tokenizing observations, context bookkeeping).
+* plain (first prompts): the same number of calls and rows, all on the questions' first planner prompts.
+  The rollout's prompts grow every turn (earlier turns, observations), and on a CPU prefill dominates, so
+  this ratio also charges the rollout for its longer contexts: the cost of multi-turn itself.
+
+Sides run in the order rollout, replay, first prompts; with `--repeats` the best of each is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agents.records import Completion, SamplingParams
+
+
+class CountingSampler:
+    """A `Sampler` wrapper that records the number of rows and sampled tokens of every generate call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[int] = []
+        self.recorded: list[tuple[list[list[int]], SamplingParams]] = []
+        self.sampled = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        completions = self.inner.generate(prompts, params)
+        self.calls.append(len(prompts))
+        self.recorded.append(([list(p) for p in prompts], params))
+        self.sampled += sum(len(c.token_ids) for c in completions)
+        return completions
+
+
+def run(
+    model: str | None = None,
+    batch: int = 16,
+    max_new_tokens: int = 64,
+    turns: int = 3,
+    seed: int = 0,
+    repeats: int = 1,
+) -> dict[str, Any]:
+    """Measure every side; return tokens, seconds and tokens/s of each, and the ratios to the rollout."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+    from agents.models import load_model
+    from agents.samplers import HFSampler, encode_chat
+    from agents.search_agents import STOP, CodaAgent
+
+    lm, tokenizer = load_model(model)
+    sampler = CountingSampler(HFSampler(lm, tokenizer, seed=seed))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop=STOP)
+    env_list = [
+        gym.make("RedCoda-HotpotQA-CoDA-v0", split="dev", max_planner_turns=turns, max_executor_turns=turns)
+        for _ in range(batch)
+    ]
+    indices = list(range(batch))
+    agent = CodaAgent(sampler, params)
+    env_list[0].unwrapped.retriever.search("warm up", 3)  # start the JVM outside the timing
+    prompts = []
+    for env, index in zip(env_list, indices, strict=True):
+        _, info = env.reset(options={"index": index})
+        messages = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": "user", "content": info["user_message"]},
+        ]
+        prompts.append(encode_chat(tokenizer, messages))
+    sampler.inner.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm up the kernels
+
+    best: dict[str, dict[str, Any]] = {}
+    for repeat in range(repeats):
+        sampler.calls, sampler.recorded, sampler.sampled = [], [], 0
+        start = time.perf_counter()
+        trajectories = agent.rollout(env_list, indices, seed=seed + repeat)
+        seconds = time.perf_counter() - start
+        masked = sum(g.num_sampled for t in trajectories for g in t.generations)
+        if masked != sampler.sampled:
+            raise RuntimeError(f"{sampler.sampled} tokens sampled but {masked} in the generations' loss masks")
+        rollout = {"tokens": masked, "seconds": seconds, "calls": list(sampler.calls)}
+        calls, recorded = list(sampler.calls), list(sampler.recorded)
+        sampler.calls, sampler.sampled = [], 0
+        start = time.perf_counter()
+        for call_prompts, call_params in recorded:
+            sampler.generate(call_prompts, call_params)
+        replay = {"tokens": sampler.sampled, "seconds": time.perf_counter() - start, "calls": calls}
+        sampler.calls, sampler.sampled = [], 0
+        start = time.perf_counter()
+        for i, rows in enumerate(calls):
+            sampler.generate(prompts[:rows], SamplingParams(**{**params.__dict__, "seed": seed + repeat + i}))
+        first = {"tokens": sampler.sampled, "seconds": time.perf_counter() - start, "calls": calls}
+        for name, side in (("rollout", rollout), ("plain", replay), ("plain_first_prompts", first)):
+            side["tokens_per_s"] = side["tokens"] / side["seconds"]
+            if name not in best or side["tokens_per_s"] > best[name]["tokens_per_s"]:
+                best[name] = side
+    for env in env_list:
+        env.close()
+    return {
+        **best,
+        "ratio": best["rollout"]["tokens_per_s"] / best["plain"]["tokens_per_s"],
+        "ratio_first_prompts": best["rollout"]["tokens_per_s"] / best["plain_first_prompts"]["tokens_per_s"],
+        "batch": batch,
+        "max_new_tokens": max_new_tokens,
+        "turns": turns,
+        "model": model or "smollm2-135m",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="None (bundled SmolLM2-135M-Instruct), a local dir or an HF id")
+    parser.add_argument("--batch", type=int, default=16, help="episodes (and plain rows) per call")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=3, help="planner turns and executor turns per task")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="measure each side this many times, keep the best")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = run(args.model, args.batch, args.max_new_tokens, args.turns, args.seed, args.repeats)
+    print(
+        f"model {result['model']} | batch {args.batch} | max_new_tokens {args.max_new_tokens} | turns {args.turns} "
+        f"| seed {args.seed} | temperature 1.0"
+    )
+    for name in ("rollout", "plain", "plain_first_prompts"):
+        side = result[name]
+        print(
+            f"{name:<19} {side['tokens']:>6} sampled tokens in {side['seconds']:7.1f} s "
+            f"= {side['tokens_per_s']:7.1f} tok/s  ({len(side['calls'])} generate calls, rows {side['calls']})"
+        )
+    print(f"ratio rollout / plain (same prompts and lengths): {result['ratio']:.2f} (target >= 0.8)")
+    print(
+        f"ratio rollout / plain on first prompts (includes longer multi-turn prefills): "
+        f"{result['ratio_first_prompts']:.2f}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""RolloutCollector: TensorDict batches of GRPO groups, seeded and resumable data order, TorchRL's API."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.collectors import BaseCollector
+
+import envs  # noqa: F401  (registers the ids)
+from agents.collector import RolloutCollector
+from agents.oracle import OracleAgent
+from agents.records import SamplingParams
+from algos.batch import ROLES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from agents.models import smollm2_tokenizer
+
+    return smollm2_tokenizer()
+
+
+def env_fn(bm25, protocol: str = "flat"):
+    env_id = "RedCoda-HotpotQA-v0" if protocol == "flat" else "RedCoda-HotpotQA-CoDA-v0"
+    return lambda: gym.make(env_id, split="dev", retriever=bm25, max_turns=6, max_planner_turns=6)
+
+
+def questions(collector: RolloutCollector, batches: int) -> list[list[tuple[int, int]]]:
+    """(question index, group id) of every episode of the next `batches` batches."""
+    return [[(t.example_index, t.group_id) for t in collector.collect()] for _ in range(batches)]
+
+
+def test_batches_are_tensordicts_of_groups(bm25, tokenizer):
+    collector = RolloutCollector(
+        env_fn(bm25), OracleAgent(tokenizer), questions_per_batch=3, group_size=2, total_batches=2, indices=range(20)
+    )
+    assert isinstance(collector, BaseCollector)
+    batches = list(collector)
+    assert len(batches) == 2 and collector.batches_done == 2
+    for b, batch in enumerate(batches):
+        assert isinstance(batch, TensorDict) and batch.batch_size == torch.Size([6])  # flat: one context each
+        n, t = batch["input_ids"].shape
+        assert batch["attention_mask"].shape == (n, t) and batch["attention_mask"].dtype == torch.long
+        assert (
+            batch["loss_mask"].shape == batch["old_logp"].shape == (n, t - 1) and batch["loss_mask"].dtype == torch.bool
+        )
+        for key in ("adv", "reward", "group_id", "episode_id", "role_id"):
+            assert batch[key].shape == (n,)
+        assert batch["group_id"].tolist() == [3 * b + g for g in range(3) for _ in range(2)]
+        assert batch["episode_id"].tolist() == list(range(6))
+        assert torch.all(batch["reward"] == batch["reward"][0]) and torch.all(batch["adv"] == 0)  # oracle: all max
+    last = batches[-1]  # its trained-on tokens are exactly the oracle's actions
+    for row, trajectory in enumerate(collector.last_trajectories):
+        assert [trajectory.example_index] * 2 == [
+            t.example_index for t in collector.last_trajectories[row // 2 * 2 :][:2]
+        ]
+        ids = last["input_ids"][row, 1:][last["loss_mask"][row]].tolist()
+        assert tokenizer.decode(ids) == "".join(trajectory.actions)
+    collector.shutdown()
+
+
+def test_coda_batches_hold_every_context_with_its_role(bm25, tokenizer):
+    collector = RolloutCollector(env_fn(bm25, "coda"), OracleAgent(tokenizer), questions_per_batch=2, group_size=2)
+    batch = next(iter(collector))
+    trajectories = collector.last_trajectories
+    assert batch.batch_size[0] == sum(len(t.generations) for t in trajectories) > len(trajectories)
+    roles = [ROLES[i] for i in batch["role_id"].tolist()]
+    assert roles == [g.role for t in trajectories for g in t.generations]
+    assert set(roles) == {"planner", "executor"}
+    episode_groups = {e: g for e, g in zip(batch["episode_id"].tolist(), batch["group_id"].tolist(), strict=True)}
+    assert [episode_groups[e] for e in range(4)] == [0, 0, 1, 1]
+    collector.shutdown()
+
+
+def test_data_order_is_seeded_and_resumable(bm25, tokenizer):
+    def make(seed: int) -> RolloutCollector:
+        return RolloutCollector(
+            env_fn(bm25), OracleAgent(tokenizer), questions_per_batch=2, group_size=1, indices=range(7), seed=seed
+        )
+
+    uninterrupted = questions(make(3), 6)
+    assert questions(make(3), 6) == uninterrupted
+    assert questions(make(4), 6) != uninterrupted
+    drawn = [q for batch in uninterrupted for q, _ in batch]
+    assert sorted(drawn[:7]) == list(range(7))  # an epoch is a permutation
+    assert len(set(drawn[7:12])) == 5 and drawn[7:12] != drawn[:5]  # the next one is reshuffled
+    assert [g for batch in uninterrupted for _, g in batch] == list(range(12))
+
+    first = make(3)
+    assert questions(first, 2) == uninterrupted[:2]
+    state = first.state_dict()
+    assert state == {"seed": 3, "epoch": 0, "position": 4, "batches_done": 2}
+    resumed = make(99)  # a different seed: the state brings the right one back
+    resumed.load_state_dict(state)
+    assert questions(resumed, 4) == uninterrupted[2:]
+    resumed.set_seed(3)  # reseeding restarts the order from the beginning
+    assert questions(resumed, 1) == uninterrupted[:1]
+
+
+def test_tiny_model_batches_record_sampling_logprobs(bm25):
+    from agents.models import tiny_model
+    from agents.samplers import HFSampler
+    from agents.search_agents import SearchR1Agent
+
+    model, tokenizer = tiny_model(seed=0)
+    agent = SearchR1Agent(HFSampler(model, tokenizer), SamplingParams(max_new_tokens=8, temperature=1.0))
+    make_env = lambda: gym.make("RedCoda-HotpotQA-v0", split="dev", retriever=bm25, max_turns=2)
+    collector = RolloutCollector(make_env, agent, questions_per_batch=2, group_size=2, total_batches=1, seed=1)
+    (batch,) = list(collector)
+    trajectories = collector.last_trajectories
+    mask = batch["loss_mask"]
+    assert int(mask.sum()) == sum(g.num_sampled for t in trajectories for g in t.generations) > 0
+    assert torch.all(batch["old_logp"][mask] < 0) and torch.all(batch["old_logp"][~mask] == 0)
+    assert torch.all(batch["input_ids"][batch["attention_mask"] == 0] == tokenizer.pad_token_id)
+    assert batch["group_id"].tolist() == [0, 0, 1, 1]
+    collector.update_policy_weights_()  # the HF sampler shares the model object: nothing to copy
+    collector.shutdown()

@@ -1,0 +1,69 @@
+"""The evaluation script and its confidence intervals (tiny model, real BM25, bundled dev questions)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.evaluate import METRICS, evaluate, extract_answer, format_table
+from benchmarks.stats import bootstrap_interval, mean_ci, paired_difference, t_interval, t_quantile
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 10, 30, 199])
+def test_t_quantile_matches_scipy(df):
+    stats = pytest.importorskip("scipy.stats")
+    assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), abs=5e-3 if df == 3 else 5e-4)
+
+
+def test_intervals_cover_the_mean_and_shrink_with_n():
+    rng = np.random.default_rng(0)
+    small, large = rng.random(20), rng.random(2000)
+    for interval in (t_interval(small), bootstrap_interval(small), mean_ci(large)):
+        assert interval.low < interval.mean < interval.high
+    assert mean_ci(large).half_width < mean_ci(small).half_width
+    assert t_interval([0.5]).half_width == 0 and mean_ci([1.0, 1.0, 1.0]).half_width == 0
+    same = paired_difference([1.0, 0.0, 1.0], [1.0, 0.0, 1.0])
+    assert same.mean == same.low == same.high == 0
+    with pytest.raises(ValueError):
+        mean_ci([])
+    with pytest.raises(ValueError):
+        mean_ci([1.0], method="wald")
+
+
+def test_answers_are_extracted_from_tags_or_taken_whole():
+    assert extract_answer("<think>hm</think><answer> Paris </answer>") == ("Paris", True)
+    assert extract_answer("It is Paris.") == ("It is Paris.", False)
+    assert extract_answer("<answer>Paris") == ("Paris", False)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from agents.models import tiny_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model(seed=0)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("agent", ["direct", "rag", "search_r1", "coda", "oracle"])
+def test_evaluate_scores_every_question(agent, tiny, bm25, tmp_path):
+    out = tmp_path / f"{agent}.jsonl"
+    result = evaluate(agent, tiny, "dev", limit=3, batch=2, max_new_tokens=6, max_turns=2, out=out, progress=False)
+    assert result["n"] == 3 and set(result["metrics"]) == set(METRICS)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    for name in METRICS:
+        values = [r[name] for r in records]
+        assert result["metrics"][name]["mean"] == pytest.approx(np.mean(values))
+    if agent == "oracle":
+        assert all(r["f1"] == 1.0 for r in records)
+    else:
+        assert all(
+            0.0 <= r["f1"] <= 1.0 and r["invalid_actions"] == 1.0 for r in records
+        )  # a random model writes no tags
+    assert {"direct": 0, "rag": 1}.get(agent, records[0]["num_searches"]) == records[0]["num_searches"]
+    assert agent in format_table([result])

@@ -1,0 +1,158 @@
+"""The oracle teacher on real rows and the real BM25 index: perfect answers, exact records, valid JSONL."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import envs  # noqa: F401  (registers the ids)
+from agents.oracle import OracleAgent, demonstration_record, main
+from agents.samplers import encode_chat
+from envs.protocol import EXECUTOR_INSTRUCTIONS, PLANNER_INSTRUCTIONS
+from envs.rewards import RewardWeights
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_IDS = {"flat": "RedCoda-HotpotQA-v0", "coda": "RedCoda-HotpotQA-CoDA-v0"}
+ORACLE_ENV = {"split": "dev", "max_turns": 6, "max_planner_turns": 6, "max_executor_turns": 4}
+"""The env settings `python -m agents.oracle` uses."""
+ROWS = list(range(16))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from agents.models import smollm2_tokenizer
+
+    return smollm2_tokenizer()
+
+
+def masked_runs(generation) -> list[list[int]]:
+    """Token ids of each run of loss-masked tokens, in order."""
+    out: list[list[int]] = []
+    previous = 0
+    for token, mask in zip(generation.token_ids, generation.loss_mask, strict=True):
+        if mask and not previous:
+            out.append([])
+        if mask:
+            out[-1].append(token)
+        previous = mask
+    return out
+
+
+@pytest.fixture(scope="module", params=["flat", "coda"])
+def episodes(request, bm25, tokenizer):
+    """(protocol, envs, trajectories) of the oracle on the first 16 dev questions."""
+    env_list = [gym.make(ENV_IDS[request.param], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+    trajectories = OracleAgent(tokenizer, seed=0).rollout(env_list, ROWS, seed=0)
+    return request.param, env_list, trajectories
+
+
+def test_oracle_answers_perfectly_with_maximum_reward(episodes):
+    protocol, _, trajectories = episodes
+    assert [t.example_index for t in trajectories] == ROWS
+    for trajectory in trajectories:
+        info = trajectory.info
+        assert info["f1"] == info["em"] == 1.0 and info["answered"]
+        assert info["format"] == info["refine"] == 1.0 and info["invalid_actions"] == 0
+        assert trajectory.reward == pytest.approx(RewardWeights().maximum)
+        assert info["num_searches"] >= 1
+        queries = re.findall(r"<search>(.*?)</search>", "".join(trajectory.actions))
+        assert len(queries) == len(set(queries)), "a query that found nothing is not repeated"
+    assert sum(t.info["recall"] for t in trajectories) / len(trajectories) >= 0.9
+    searches = {t.info["num_searches"] for t in trajectories}
+    assert len(searches) > 1, "demonstrations vary in their number of searches"
+
+
+def test_oracle_masks_hold_exactly_its_actions(episodes, tokenizer):
+    protocol, _, trajectories = episodes
+    for trajectory in trajectories:
+        written = [tokenizer.decode(run) for g in trajectory.generations for run in masked_runs(g)]
+        assert sorted(written) == sorted(trajectory.actions)
+        for generation in trajectory.generations:
+            assert generation.loss_mask[0] == 0 and generation.role in ("agent", "planner", "executor")
+
+
+@pytest.mark.parametrize("episodes", ["coda"], indirect=True)
+def test_coda_oracle_contexts_are_decoupled(episodes, tokenizer):
+    _, _, trajectories = episodes
+    for trajectory in trajectories:
+        roles = [g.role for g in trajectory.generations]
+        assert roles[-1] == "planner" and roles.count("planner") == 1
+        assert roles.count("executor") == trajectory.info["num_tasks"] >= 1
+        planner = tokenizer.decode(trajectory.generations[-1].token_ids)
+        assert "<information>" not in planner and "Doc 1 (Title:" not in planner
+        tasks = re.findall(r"<task>(.*?)</task>", "".join(trajectory.actions))
+        for generation, task in zip(trajectory.generations[:-1], tasks, strict=True):
+            messages = [
+                {"role": "system", "content": EXECUTOR_INSTRUCTIONS},
+                {"role": "user", "content": f"Task: {task.strip()}"},
+            ]
+            prompt = encode_chat(tokenizer, messages)
+            assert list(generation.token_ids[: len(prompt)]) == prompt
+            text = tokenizer.decode(generation.token_ids)
+            assert PLANNER_INSTRUCTIONS not in text and "<result>" not in text
+
+
+def test_demonstration_records_round_trip(episodes, tokenizer):
+    protocol, env_list, trajectories = episodes
+    for trajectory in trajectories:
+        record = json.loads(json.dumps(demonstration_record(trajectory, tokenizer, env_list[0])))
+        assert record["protocol"] == protocol and record["index"] == trajectory.example_index
+        assert record["id"] == env_list[0].unwrapped.examples[trajectory.example_index].id
+        assert record["f1"] == 1.0 and record["reward"] == pytest.approx(RewardWeights().maximum)
+        assert [c["role"] for c in record["contexts"]] == [g.role for g in trajectory.generations]
+        for context, generation in zip(record["contexts"], trajectory.generations, strict=True):
+            roles = [m["role"] for m in context["messages"]]
+            assert roles[0] == "observation" and all(a != b for a, b in zip(roles, roles[1:], strict=False))
+            assistant = [m["content"] for m in context["messages"] if m["role"] == "assistant"]
+            assert assistant == [tokenizer.decode(run) for run in masked_runs(generation)]
+            assert "".join(m["content"] for m in context["messages"]) == tokenizer.decode(generation.token_ids)
+            # what SFT readers do: re-tokenize message by message, mask the assistant messages
+            ids, mask = [], []
+            for message in context["messages"]:
+                piece = tokenizer(message["content"], add_special_tokens=False)["input_ids"]
+                ids += piece
+                mask += [int(message["role"] == "assistant")] * len(piece)
+            assert (tuple(ids), tuple(mask)) == (generation.token_ids, generation.loss_mask)
+
+
+def _check_jsonl(path: Path, protocol: str, n: int) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == n
+    for i, line in enumerate(lines):
+        record = json.loads(line)
+        assert set(record) == {"id", "index", "protocol", "reward", "f1", "contexts"}
+        assert record["index"] == i and record["protocol"] == protocol and record["f1"] == 1.0
+        assert record["reward"] == pytest.approx(RewardWeights().maximum)
+        for context in record["contexts"]:
+            assert context["messages"] and all(m["role"] in ("assistant", "observation") for m in context["messages"])
+            assert any(m["role"] == "assistant" and "<answer>" in m["content"] for m in context["messages"])
+
+
+def test_oracle_cli_writes_valid_jsonl(tmp_path):
+    out = tmp_path / "oracle.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "agents.oracle", "--split", "dev", "--limit", "5", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "wrote 5 demonstrations" in done.stdout and "mean F1 1.000" in done.stdout
+    _check_jsonl(out, "flat", 5)
+
+
+def test_oracle_main_writes_coda_demonstrations(tmp_path, bm25, capsys):
+    out = tmp_path / "coda.jsonl"
+    main(["--split", "dev", "--protocol", "coda", "--limit", "5", "--batch", "3", "--out", str(out)])
+    assert "wrote 5 demonstrations" in capsys.readouterr().out
+    _check_jsonl(out, "coda", 5)
