@@ -110,7 +110,7 @@ class ContextAgent:
         max_context_tokens: int = 4096,
     ) -> None:
         self.sampler = sampler
-        self.params = params if params.stop else _with_stop(params)
+        self.params = _with_stop(params)
         self.executor_sampler = executor_sampler or sampler
         self.executor_params = _with_stop(executor_params) if executor_params else self.params
         self.max_context_tokens = max_context_tokens

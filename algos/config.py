@@ -25,10 +25,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 PresetName = Literal["gpu", "cpu", "tiny"]
-AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft"]
+AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft", "ppo", "archer"]
+QUERY_REWRITE_ENV = "RedCoda-QueryRewrite-v0"
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class Config:
     preset: PresetName = "gpu"
     """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
     algo: AlgoName = "red_grpo"
-    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), sft (SFT only: a warm start)."""
+    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), sft (SFT only: a warm start),
+    ppo (value head + GAE, algos.ppo), archer (utterance-level critic, algos.archer)."""
     seed: int = 0
     """Seeds the data order, sampling, SFT minibatches and model initialisation."""
     steps: int = 480
@@ -72,6 +76,8 @@ class Config:
     """Module names that get a LoRA adapter."""
 
     # --- environment -------------------------------------------------------------------------------------
+    env: Annotated[str | None, tyro.conf.arg(aliases=("--env-id",))] = None
+    """Registered env id (RedCoda-HotpotQA-v0, RedCoda-QueryRewrite-v0, ...); None means the protocol's HotpotQA env."""
     protocol: Literal["flat", "coda"] = "flat"
     """Env protocol and agent: flat (Search-R1 agent) or coda (Planner/Executor agent)."""
     split: str = "train"
@@ -120,6 +126,8 @@ class Config:
     """Padded tokens per forward/backward micro-batch; gradients accumulate over micro-batches."""
     skip_zero_advantage: bool = True
     """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
+    update_epochs: int = 1
+    """Optimizer steps per collected batch (PPO epochs over the whole batch; after the first the ratio leaves 1)."""
 
     # --- GRPO loss ---------------------------------------------------------------------------------------
     clip_eps: float = 0.2
@@ -134,6 +142,34 @@ class Config:
     """Coefficient of the KL penalty to the frozen initial model (0: off, no reference model kept)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman's k1/k2/k3)."""
+
+    # --- PPO (algos.ppo) and ArCHer (algos.archer) ----------------------------------------------------------
+    gamma: float = 1.0
+    """Discount per sampled token (PPO's GAE) or per turn (ArCHer's TD target)."""
+    gae_lambda: float = 0.95
+    """PPO: GAE lambda."""
+    vf_coef: float = 0.1
+    """PPO: coefficient of the value loss."""
+    value_lr: float = 1e-4
+    """PPO: AdamW learning rate of the value head (the shared backbone trains at lr)."""
+    vf_clip: float | None = 0.2
+    """PPO: clip of the new value around the old one in the value loss; None: no value clipping."""
+    whiten_advantages: bool = True
+    """PPO and ArCHer: whiten advantages over the batch's sampled tokens (mean 0, std 1)."""
+    critic_lr: float = 1e-3
+    """ArCHer: AdamW learning rate of the critic heads."""
+    critic_hidden: int = 256
+    """ArCHer: hidden width of the Q and V heads."""
+    critic_updates: int = 8
+    """ArCHer: critic gradient steps per training step, each on a minibatch drawn from the replay buffer."""
+    critic_batch_size: int = 64
+    """ArCHer: turns per critic minibatch."""
+    replay_capacity: int = 4096
+    """ArCHer: turns kept in the replay buffer (oldest dropped first)."""
+    target_update_every: int = 4
+    """ArCHer: copy the critic into its target network every N critic updates."""
+    target_tau: float = 1.0
+    """ArCHer: target refresh mix, target <- tau * critic + (1 - tau) * target (1.0: a hard copy)."""
 
     # --- SFT term ----------------------------------------------------------------------------------------
     sft_coef: float = 0.1
@@ -166,8 +202,15 @@ class Config:
     # --- derived -----------------------------------------------------------------------------------------
     @property
     def env_id(self) -> str:
-        """Registered env id of the protocol."""
+        """Registered env id: ``env``, or the protocol's HotpotQA env."""
+        if self.env:
+            return self.env
         return "RedCoda-HotpotQA-CoDA-v0" if self.protocol == "coda" else "RedCoda-HotpotQA-v0"
+
+    @property
+    def is_query_rewrite(self) -> bool:
+        """Whether the env is the one-step query-rewrite task (its own arguments; the agent writes <query>)."""
+        return self.env_id.startswith("RedCoda-QueryRewrite")
 
     @property
     def max_turns(self) -> int:
@@ -182,6 +225,8 @@ class Config:
     @property
     def env_kwargs(self) -> dict[str, object]:
         """Arguments of `gym.make` besides the id (also the oracle's env, so demos match the RL contexts)."""
+        if self.is_query_rewrite:  # recall@k keeps the env's own k (5); top_k is the QA envs' passages per search
+            return {"split": self.split, "retriever": self.retriever, "max_passage_words": self.max_passage_words}
         return {
             "split": self.split,
             "corpus": self.corpus,
@@ -225,7 +270,7 @@ class Config:
     @property
     def uses_sft(self) -> bool:
         """Whether the algorithm has an SFT term at all."""
-        return self.algo != "grpo" and self.sft_coef > 0
+        return self.algo not in ("grpo", "ppo", "archer") and self.sft_coef > 0
 
 
 PRESETS: dict[str, dict[str, object]] = {

@@ -67,12 +67,15 @@ from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 
 logger = logging.getLogger(__name__)
 
+_LEARNER_PREFIX = "learner/"
+"""Checkpoint weight names of a learner's own tensors (value head, critic) start with this."""
+
 __all__ = ["Trainer", "main", "make_weighting", "masked_token_logprobs", "micro_batches"]
 
 
 def make_weighting(config: Config) -> SFTWeighting:
     """The SFT weighting rule of ``config.algo``: NoSFT (grpo), FixedSFT (grpo_sft) or RED (red_grpo)."""
-    if config.algo == "grpo":
+    if config.algo in ("grpo", "ppo", "archer"):
         return NoSFT()
     if config.algo in ("grpo_sft", "sft"):
         return FixedSFT()
@@ -197,7 +200,7 @@ class Trainer:
         import envs  # noqa: F401  (registers the env ids)
         from agents.collector import RolloutCollector
         from agents.samplers.hf import HFSampler
-        from agents.search_agents import CodaAgent, SearchR1Agent
+        from agents.search_agents import CodaAgent, ContextAgent, SearchR1Agent
 
         self.config = config
         self.started = time.perf_counter()
@@ -250,6 +253,8 @@ class Trainer:
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
         )
         agent_cls = CodaAgent if config.protocol == "coda" else SearchR1Agent
+        if config.is_query_rewrite:  # one <query> turn: a plain context agent that stops after </query>
+            agent_cls, params = ContextAgent, dataclasses.replace(params, stop=("</query>",))
         self.agent = agent_cls(self.sampler, params, max_context_tokens=max_context)
         self.collector = RolloutCollector(
             lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
@@ -264,10 +269,16 @@ class Trainer:
             if config.uses_sft and self.weighting.uses_sft
             else []
         )
+        self.init_learner()
         self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        learner_groups = self.learner_param_groups()
         self.optimizer = torch.optim.AdamW(
-            self.trainable, lr=config.lr, betas=config.adam_betas, weight_decay=config.weight_decay
+            [{"params": self.trainable}, *learner_groups],
+            lr=config.lr,
+            betas=config.adam_betas,
+            weight_decay=config.weight_decay,
         )
+        self.trainable = self.trainable + [p for group in learner_groups for p in group["params"]]
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         self.masked_head = self._check_masked_head()
         """Whether log-probs are computed at loss-mask positions only (see `masked_token_logprobs`)."""
@@ -280,6 +291,50 @@ class Trainer:
         """Row indices of the last step's RL micro-batches that ran forward/backward."""
         self._start_or_resume()
         self._wandb = self._init_wandb() if config.wandb else None
+
+    # --- seams for other learners (algos.ppo, algos.archer); the GRPO family uses these defaults ----------
+    def init_learner(self) -> None:
+        """Build the learner's own modules (a value head, a critic); runs after the model, before the optimizer."""
+
+    def learner_param_groups(self) -> list[dict[str, Any]]:
+        """AdamW parameter groups the main optimizer trains besides the policy's (e.g. a value head, its own lr)."""
+        return []
+
+    def learner_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The learner's checkpoint state: tensors by name (saved with the weights) and JSON-able values."""
+        return {}, {}
+
+    def load_learner_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Restore what `learner_state_dict` returned."""
+        if tensors or state:
+            raise ValueError(f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.algo} lacks")
+
+    def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
+        """The RL batch of one step, advantages included, and metrics about them (GRPO: group-normalized).
+
+        Runs before the update; sets ``adv`` per generation ``(N,)`` or per token ``(N, T-1)``.
+        """
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
+        group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)  # (B,)
+        adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
+        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id, adv=adv)
+        if self.config.recompute_old_logp:
+            self._old_logp(batch)
+        return batch, {"critic/advantages/abs_mean": float(adv.abs().mean())}
+
+    def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
+        """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
+        cfg = self.config
+        mask = part["loss_mask"]  # (n, L-1)
+        logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
+        terms = policy_loss(
+            logp, part["old_logp"], part["adv"], mask, cfg.clip_eps, cfg.clip_eps_high, num_tokens=num_tokens
+        )
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
+            terms["loss_kl"] = cfg.kl_coef * kl_penalty(logp, ref_logp, mask, cfg.kl_estimator, num_tokens=num_tokens)
+        return terms
 
     # --- setup -------------------------------------------------------------------------------------------
     def _build_model(self) -> tuple[torch.nn.Module, Any]:
@@ -312,14 +367,19 @@ class Trainer:
     def load(self, path: str | os.PathLike) -> None:
         """Restore the run from a checkpoint directory (weights, optimizer, RNGs, rule, data position)."""
         checkpoint = load_checkpoint(path)
+        weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith(_LEARNER_PREFIX)}
+        learner_tensors = {
+            k[len(_LEARNER_PREFIX) :]: v for k, v in checkpoint.weights.items() if k.startswith(_LEARNER_PREFIX)
+        }
         names = {name for name, p in self.policy.named_parameters() if p.requires_grad}
-        missing = names - set(checkpoint.weights)
+        missing = names - set(weights)
         if missing:
             raise ValueError(f"{path} lacks trainable parameters {sorted(missing)[:5]} (saved with other settings?)")
-        result = self.policy.load_state_dict(checkpoint.weights, strict=False)
+        result = self.policy.load_state_dict(weights, strict=False)
         if result.unexpected_keys:
             raise ValueError(f"{path} has parameters this model lacks: {result.unexpected_keys[:5]}")
         self.optimizer.load_state_dict(checkpoint.optimizer)
+        self.load_learner_state_dict(learner_tensors, checkpoint.state.get("learner", {}))
         self.weighting.load_state_dict(checkpoint.state["weighting"])
         self.collector.load_state_dict(checkpoint.state["collector"])
         self.step = checkpoint.step
@@ -396,9 +456,9 @@ class Trainer:
             key: (value[:, :length] if value.ndim == 2 and key in ("input_ids", "attention_mask") else value)
             for key, value in part.items()
         }
-        for key in ("loss_mask", "old_logp", "ref_logp"):
-            if key in out:
-                out[key] = out[key][:, : length - 1]
+        for key, value in out.items():  # per-token tensors (loss_mask, old_logp, per-token adv, ...): T-1 columns
+            if value.ndim == 2 and key not in ("input_ids", "attention_mask"):
+                out[key] = value[:, : length - 1]
         return TensorDict(out, batch_size=[len(rows)]).to(self.device)
 
     def _old_logp(self, batch: TensorDict) -> None:
@@ -417,41 +477,30 @@ class Trainer:
         cfg = self.config
         num_tokens = float(batch["loss_mask"].sum())  # every sampled token of the batch: the token-mean divisor
         rows = list(range(batch.batch_size[0]))
-        if cfg.skip_zero_advantage and cfg.kl_coef == 0:
+        if cfg.skip_zero_advantage and cfg.kl_coef == 0 and batch["adv"].ndim == 1:
             rows = [i for i in rows if float(batch["adv"][i]) != 0.0]
         lengths = batch["attention_mask"].sum(-1).tolist()
         groups = [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.micro_batch_tokens)]
         self.last_micro_batches = groups
-        sums = {"loss_pg": 0.0, "loss_kl": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0}
+        losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
+        token_sums: dict[str, float] = {}  # per-token metrics (clip_fraction, approx_kl, ...) times tokens
         run_tokens, trained_tokens = 0.0, 0
         for group in groups:
             part = self._rows(batch, group)
-            mask = part["loss_mask"]  # (n, L-1)
             with self._autocast():
-                logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
-                terms = policy_loss(
-                    logp, part["old_logp"], part["adv"], mask, cfg.clip_eps, cfg.clip_eps_high, num_tokens=num_tokens
-                )
-                if self.ref_model is not None:
-                    with torch.no_grad():
-                        ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
-                    terms["loss_kl"] = cfg.kl_coef * kl_penalty(
-                        logp, ref_logp, mask, cfg.kl_estimator, num_tokens=num_tokens
-                    )
+                terms = self.rl_loss_terms(part, num_tokens)
             total_loss(terms).backward()
-            n_mask = float(mask.sum())
+            n_mask = float(part["loss_mask"].sum())
             run_tokens += n_mask
             trained_tokens += int(part["attention_mask"].sum())
-            sums["loss_pg"] += float(terms["loss_pg"].detach())
-            sums["loss_kl"] += float(terms.get("loss_kl", torch.zeros(())).detach())
-            sums["clip_fraction"] += float(terms["clip_fraction"]) * n_mask
-            sums["approx_kl"] += float(terms["approx_kl"]) * n_mask
-        out = {"loss_pg": sums["loss_pg"], "tokens/trained_rl": trained_tokens, "rl/contexts_run": len(rows)}
-        if self.ref_model is not None:
-            out["loss_kl"] = sums["loss_kl"]
+            for key in terms.keys():
+                if key.startswith("loss_"):
+                    losses[key] = losses.get(key, 0.0) + float(terms[key].detach())
+                else:
+                    token_sums[key] = token_sums.get(key, 0.0) + float(terms[key]) * n_mask
+        out = {**losses, "tokens/trained_rl": trained_tokens, "rl/contexts_run": len(rows)}
         if run_tokens:
-            out["rl/clip_fraction"] = sums["clip_fraction"] / run_tokens
-            out["rl/approx_kl"] = sums["approx_kl"] / run_tokens
+            out.update({f"rl/{key}": value / run_tokens for key, value in token_sums.items()})
         return out
 
     def _sft_backward(self, sft_batch: TensorDict, coef: float) -> dict[str, float]:
@@ -495,11 +544,7 @@ class Trainer:
         # old log-probs and the rule's weight, before the update
         start = time.perf_counter()
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)  # (B,)
-        adv = group_advantages(rewards, group_id, scale=cfg.advantage_std_scale)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id, adv=adv)
-        if cfg.recompute_old_logp:
-            self._old_logp(batch)
+        batch, batch_metrics = self.make_batch(trajectories)
         _sync()
         t_old_logp = time.perf_counter() - start
         rl_entropy = float(entropy_estimate(batch["old_logp"], batch["loss_mask"]))
@@ -508,20 +553,22 @@ class Trainer:
         sft_coef = w * cfg.sft_coef if self.demos else 0.0
 
         # the update
-        start = time.perf_counter()
+        t_fwd_bwd, t_optimizer = 0.0, 0.0
         self.policy.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = self._rl_backward(batch)
-        if sft_coef > 0:
-            metrics.update(self._sft_backward(self.sft_minibatch(self.step), sft_coef))
-        _sync()
-        t_fwd_bwd = time.perf_counter() - start
-        start = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        _sync()
-        t_optimizer = time.perf_counter() - start
+        for _ in range(cfg.update_epochs):  # PPO epochs over the same batch; 1 for the GRPO family
+            start = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics = self._rl_backward(batch)
+            if sft_coef > 0:
+                metrics.update(self._sft_backward(self.sft_minibatch(self.step), sft_coef))
+            _sync()
+            t_fwd_bwd += time.perf_counter() - start
+            start = time.perf_counter()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            _sync()
+            t_optimizer += time.perf_counter() - start
         self.policy.eval()
         if "sft/entropy" in metrics:
             self.weighting.observe_sft_entropy(metrics["sft/entropy"])
@@ -540,13 +587,14 @@ class Trainer:
                 "critic/rewards/mean": float(rewards.mean()),
                 "critic/rewards/max": float(rewards.max()),
                 "critic/rewards/min": float(rewards.min()),
-                "critic/advantages/abs_mean": float(adv.abs().mean()),
+                **batch_metrics,
                 "answer_f1/mean": _mean([float(i.get("f1", 0.0)) for i in infos]),
                 "answer_em/mean": _mean([float(i.get("em", 0.0)) for i in infos]),
                 "format_scores/mean": _mean([float(i.get("format", 0.0)) for i in infos]),
                 "refine_scores/mean": _mean([float(i.get("refine", 0.0)) for i in infos]),
                 "env/num_searches": _mean([float(i.get("num_searches", 0)) for i in infos]),
                 "env/recall": _mean([float(i.get("recall", 0.0)) for i in infos]),
+                **({"env/recall_at_k": _mean([i["recall_at_k"] for i in infos])} if cfg.is_query_rewrite else {}),
                 "env/invalid_actions": _mean([float(i.get("invalid_actions", 0)) for i in infos]),
                 "env/answered": _mean([float(bool(i.get("answered", False))) for i in infos]),
                 "train/batch_accuracy": accuracy,
@@ -613,6 +661,10 @@ class Trainer:
             "collector": self.collector.state_dict(),
             "elapsed": self.elapsed,
         }
+        learner_tensors, learner_state = self.learner_state_dict()
+        weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
+        if learner_state:
+            state["learner"] = learner_state
         return save_checkpoint(
             self.checkpoint_dir,
             self.step,
@@ -755,7 +807,12 @@ def _wandb_logged_in() -> bool:
 
 
 def main(
-    argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None, **defaults: object
+    argv: Sequence[str] | None = None,
+    *,
+    algo: AlgoName,
+    description: str | None = None,
+    trainer_cls: type[Trainer] | None = None,
+    **defaults: object,
 ) -> dict[str, Any]:
     """Parse the command line, train, and return the summary (the entry points' shared body).
 
@@ -763,12 +820,13 @@ def main(
         argv: Arguments without the program name; None reads sys.argv.
         algo: grpo, grpo_sft, red_grpo or sft.
         description: The entry point's ``--help`` text.
+        trainer_cls: The `Trainer` subclass to run (a learner with its own advantages and losses); None: Trainer.
         **defaults: The entry point's own defaults over the preset's (flags still override them).
     """
     config = parse_config(argv, algo=algo, description=description, **defaults)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(config)
+    trainer = (trainer_cls or Trainer)(config)
     try:
         return trainer.train()
     finally:

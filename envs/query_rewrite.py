@@ -206,7 +206,8 @@ class QueryRewriteEnv(gym.Env[str, str]):
     several doc ids counts once), in [0, 1]; 0 for an invalid action or a failed search. ``info`` on the step
     holds ``recall_at_k``, ``mrr`` (reciprocal rank of the first gold paragraph within the top k),
     ``retrieved_ids``, ``gold_doc_ids``, ``query``, ``k``, ``invalid_action`` (and ``error`` when invalid,
-    ``retrieval_error`` when the retriever failed).
+    ``retrieval_error`` when the retriever failed). Like RAGEnv's, every info holds ``role`` ("agent") and
+    ``new_context`` (True on reset), the keys a context-routing agent (`agents.search_agents`) reads.
 
     ## Episode End
     Terminated after the one action. Never truncated.
@@ -336,6 +337,8 @@ class QueryRewriteEnv(gym.Env[str, str]):
             "question": self._example.question,
             "system_prompt": self.instructions,
             "user_message": user,
+            "role": "agent",
+            "new_context": True,
         }
         return obs, info
 
@@ -358,6 +361,8 @@ class QueryRewriteEnv(gym.Env[str, str]):
             "gold_doc_ids": [list(group) for group in example.gold_doc_ids],
             "recall_at_k": 0.0,
             "mrr": 0.0,
+            "role": "agent",
+            "new_context": False,
         }
         if error is not None:
             info["error"] = error
