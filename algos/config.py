@@ -94,6 +94,8 @@ class Config:
     """Searches an episode (flat) or an executor task (coda) may make before it must answer."""
     max_planner_turns: int = 4
     """coda: planner turns per episode."""
+    query_action_format: Literal["tag", "raw"] = "tag"
+    """Query-rewrite env only: tag (the query inside <query>..</query>) or raw (the whole reply is the query)."""
     num_questions: int | None = None
     """Train on the first N questions of the split only; None uses them all."""
 
@@ -226,7 +228,12 @@ class Config:
     def env_kwargs(self) -> dict[str, object]:
         """Arguments of `gym.make` besides the id (also the oracle's env, so demos match the RL contexts)."""
         if self.is_query_rewrite:  # recall@k keeps the env's own k (5); top_k is the QA envs' passages per search
-            return {"split": self.split, "retriever": self.retriever, "max_passage_words": self.max_passage_words}
+            return {
+                "split": self.split,
+                "retriever": self.retriever,
+                "max_passage_words": self.max_passage_words,
+                "action_format": self.query_action_format,
+            }
         return {
             "split": self.split,
             "corpus": self.corpus,

@@ -29,6 +29,12 @@ Details a reader may need:
 - On GPU the forward passes run under bfloat16 autocast; weights and AdamW state stay float32.
 - The model stays in eval mode while sampling and switches to train mode for the update.
 
+Other learners reuse this loop by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`):
+``make_batch`` sets the advantages (per generation or per token), ``rl_loss_terms`` returns a micro-batch's
+``loss_*`` terms, ``init_learner`` / ``learner_param_groups`` add modules (a value head, a critic) and
+``learner_state_dict`` / ``load_learner_state_dict`` put their state into the checkpoints (``learner/*``).
+``update_epochs`` > 1 takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
+
 Outputs in the run directory: ``metrics.jsonl`` (one JSON object per step), ``checkpoints/`` (see
 `algos.checkpoint`), ``final/`` (a Hugging Face model directory, ``agents.models.load_model(path)``),
 and wandb's files (offline unless logged in; WANDB_MODE is respected).
