@@ -645,6 +645,7 @@ class Trainer:
             {
                 "step": self.step,
                 "total_loss": metrics["loss_sft"],
+                "sft/weight": 1.0,
                 "critic/rewards/mean": float("nan"),
                 "answer_f1/mean": float("nan"),
                 "train/grad_norm": float(grad_norm),
