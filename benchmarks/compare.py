@@ -6,7 +6,8 @@
 For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
 never leaks into the next) on the same env, data order (the seed fixes it identically for every
 algorithm) and compute budget, then evaluates the final model with `benchmarks.evaluate` on the same
-held-out questions (greedy). The untrained model is evaluated once on the same questions as a baseline.
+held-out questions (greedy). The start model (the untrained one, or `--init-model` / the
+`--warm-start-steps` model) is evaluated once on the same questions as the baseline.
 
 Written to `--out`:
 - `table.md`, `table.csv`: per algorithm, mean and 95% CI across seeds of EM, F1, format score, searches
