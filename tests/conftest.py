@@ -30,3 +30,22 @@ def bm25(hotpot_corpus):
     from retrievers.bm25 import BM25Retriever
 
     return BM25Retriever.for_corpus(hotpot_corpus)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices gain nothing from more threads; on a busy CPU their spin-waits cost seconds."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(model, tokenizer): a 2-layer Llama over the real SmolLM2 vocabulary, seeded."""
+    from agents.models import tiny_model
+
+    return tiny_model(seed=0)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import pytest
-import torch
 
 import envs  # noqa: F401  (registers the ids)
 from agents.models import tiny_model
@@ -26,20 +25,7 @@ from envs.rewards import episode_reward
 ENV_IDS = {"flat": "RedCoda-HotpotQA-v0", "coda": "RedCoda-HotpotQA-CoDA-v0"}
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny matrices: more threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """(model, tokenizer): a 2-layer Llama over the real SmolLM2 vocabulary."""
-    return tiny_model(seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class RecordingEnv(gym.Wrapper):

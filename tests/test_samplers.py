@@ -18,19 +18,7 @@ from agents.samplers import HFSampler, OpenAISampler, Sampler, cut_at_stop, enco
 
 QUESTIONS = ["Who wrote Dune?", "Which river flows through the city that hosted the 1936 Olympics?", "Hi"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls gain nothing from more threads, and on a busy CPU the threads' spin-waits cost seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_model(seed=0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
