@@ -8,6 +8,11 @@ OPENAI_API_KEY set (any value).
 An index over a corpus is built once (seconds for the bundled corpus), cached under
 `cache_root()/bm25/<corpus fingerprint>-k1..-b..`, and shared: `BM25Retriever.for_corpus` returns the
 same object to every env in the process.
+
+Threads: pyjnius resolves overloaded Java methods with shared per-method state, so two Python threads
+calling into the same searcher at once can dispatch to the wrong overload (seen as
+`IncompatibleClassChangeError` on a `ConcurrentHashMap`). Every call into Java goes through one lock per
+retriever; Lucene's own `threads` still run in parallel inside a `batch_search`.
 """
 
 from __future__ import annotations
@@ -126,6 +131,7 @@ class BM25Retriever(SharedIndex):
         self.index_dir = Path(index_dir)
         self._searcher = LuceneSearcher(str(self.index_dir))
         self._searcher.set_bm25(k1, b)
+        self._java_lock = threading.Lock()
 
     @classmethod
     def for_corpus(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4) -> BM25Retriever:
@@ -143,7 +149,8 @@ class BM25Retriever(SharedIndex):
             raise ValueError(f"k must be >= 1, got {k}")
         if not query.strip():
             return []
-        return self._passages(self._searcher.search(query, k))
+        with self._java_lock:
+            return self._passages(self._searcher.search(query, k))
 
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         if k < 1:
@@ -152,5 +159,6 @@ class BM25Retriever(SharedIndex):
         live = [(qid, q) for qid, q in zip(qids, queries, strict=True) if q.strip()]
         if not live:
             return [[] for _ in queries]
-        hits = self._searcher.batch_search([q for _, q in live], [qid for qid, _ in live], k, threads=self.threads)
-        return [self._passages(hits.get(qid, [])) for qid in qids]
+        with self._java_lock:
+            hits = self._searcher.batch_search([q for _, q in live], [qid for qid, _ in live], k, threads=self.threads)
+            return [self._passages(hits.get(qid, [])) for qid in qids]

@@ -247,6 +247,25 @@ def test_cached_retriever_is_thread_safe(bm25_subset):
     assert len(cached) <= 8 and cached.hits + cached.misses == len(queries)
 
 
+def test_bm25_is_safe_to_call_from_many_threads(bm25_subset):
+    """Concurrent search and batch_search on one shared searcher give the single-threaded answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    queries = list(bm25_subset.corpus.titles[:24])
+    expected = [bm25_subset.search(q, 3) for q in queries]
+
+    def call(i: int):
+        if i % 2:
+            return [bm25_subset.search(queries[i % 24], 3)]
+        return bm25_subset.batch_search([queries[i % 24], queries[(i + 1) % 24]], 3)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(3000)))
+    for i, result in enumerate(results):
+        want = [expected[i % 24]] if i % 2 else [expected[i % 24], expected[(i + 1) % 24]]
+        assert result == want
+
+
 def test_build_index_cli_streams_bm25_and_dense(tmp_path, subset, encoder):
     from retrievers.bm25 import BM25Retriever
     from retrievers.build_index import main
