@@ -247,17 +247,21 @@ def test_cached_retriever_is_thread_safe(bm25_subset):
     assert len(cached) <= 8 and cached.hits + cached.misses == len(queries)
 
 
-def test_bm25_is_safe_to_call_from_many_threads(bm25_subset):
+@pytest.mark.parametrize("engine", ["lucene", "matrix"])
+def test_bm25_is_safe_to_call_from_many_threads(bm25_subset, engine):
     """Concurrent search and batch_search on one shared searcher give the single-threaded answers."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from retrievers.bm25 import BM25Retriever
+
+    retriever = BM25Retriever(bm25_subset.corpus, index_dir=bm25_subset.index_dir, engine=engine)
     queries = list(bm25_subset.corpus.titles[:24])
-    expected = [bm25_subset.search(q, 3) for q in queries]
+    expected = [retriever.search(q, 3) for q in queries]
 
     def call(i: int):
         if i % 2:
-            return [bm25_subset.search(queries[i % 24], 3)]
-        return bm25_subset.batch_search([queries[i % 24], queries[(i + 1) % 24]], 3)
+            return [retriever.search(queries[i % 24], 3)]
+        return retriever.batch_search([queries[i % 24], queries[(i + 1) % 24]], 3)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(call, range(3000)))
