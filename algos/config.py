@@ -83,7 +83,7 @@ class Config:
     split: str = "train"
     """HotpotQA split the questions (and the oracle demonstrations) come from."""
     retriever: str = "bm25"
-    """Retriever of the env: bm25, dense, hybrid, or a retrieval server URL (unused with corpus=distractor)."""
+    """Retriever of the env: bm25, bm25-matrix, dense, hybrid, or a server URL (unused with corpus=distractor)."""
     corpus: Literal["pooled", "distractor"] = "pooled"
     """Env corpus setting: pooled (search the whole corpus) or distractor (each question's own paragraphs)."""
     top_k: int = 3

@@ -31,7 +31,7 @@ from envs.rewards import (
 )
 from envs.spaces import UnicodeText
 
-RETRIEVER_KINDS = ("bm25", "dense", "hybrid")
+RETRIEVER_KINDS = ("bm25", "bm25-matrix", "dense", "hybrid")
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,10 +56,11 @@ _CACHED: dict[tuple[str, str, int], Any] = {}
 
 
 def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
-    """Build (or fetch the process-wide shared) retriever of `kind` over `corpus`: bm25, dense or hybrid.
+    """Build (or fetch the process-wide shared) retriever of `kind` over `corpus`.
 
     Args:
-        kind: bm25, dense or hybrid.
+        kind: bm25 (Lucene), bm25-matrix (the same BM25 ranking, scored in batches as a sparse product),
+            dense or hybrid.
         corpus: the `retrievers.corpus.Corpus` to search.
         query_cache: size of an LRU cache of (query, k) results shared by every env using this retriever, so
             the G episodes of a GRPO group that send the same query hit the index once (0: no cache).
@@ -71,6 +72,10 @@ def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
         from retrievers.bm25 import BM25Retriever
 
         retriever = BM25Retriever.for_corpus(corpus)
+    elif kind == "bm25-matrix":
+        from retrievers.bm25 import BM25Retriever
+
+        retriever = BM25Retriever.for_corpus(corpus, engine="matrix")
     elif kind == "dense":
         from retrievers.dense import DenseRetriever
 
@@ -157,7 +162,7 @@ class RAGEnv(gym.Env[str, str]):
     | dataset | "hotpotqa" | hotpotqa, musique, 2wiki or bamboogle |
     | split | "train" | bundled split (hotpotqa train/dev, musique and 2wiki dev, bamboogle test) |
     | protocol | "flat" | flat or coda |
-    | retriever | None | None (BM25 over the dataset's corpus), "bm25"/"dense"/"hybrid", a server URL, or a Retriever |
+    | retriever | None | None (BM25), a kind ("bm25", "bm25-matrix", "dense", "hybrid"), a server URL, or a Retriever |
     | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
     | data_path | None | an official data file to use instead of the bundled split |
     | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |

@@ -115,7 +115,7 @@ class BM25Retriever(SharedIndex):
         corpus: the paragraphs; hits are mapped back to it by doc id.
         index_dir: an existing Lucene index of this corpus; built and cached when None.
         k1, b: BM25 parameters (Pyserini's defaults 0.9 / 0.4).
-        threads: threads for Lucene's `batch_search`.
+        threads: threads for a `batch_search` (Lucene's, or the matrix engine's parts of a big batch).
         engine: "lucene" (every query through Lucene) or "matrix" (Lucene's scores for a whole batch as one
             sparse product, built from the index on first use and cached; see the module docstring).
     """
@@ -172,7 +172,10 @@ class BM25Retriever(SharedIndex):
     def _matrix_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         matrix = self.matrix
         doc_ids = matrix.doc_ids
-        return [[self.corpus.passage(doc_ids[col], score) for col, score in hits] for hits in matrix.top_k(queries, k)]
+        return [
+            [self.corpus.passage(doc_ids[col], score) for col, score in hits]
+            for hits in matrix.top_k(list(queries), k, threads=self.threads)
+        ]
 
     def _passages(self, hits) -> list[Passage]:
         return [self.corpus.passage(hit.docid, float(hit.score)) for hit in hits]

@@ -126,7 +126,9 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
     if args.kind in ("bm25", "hybrid"):
         from retrievers.bm25 import BM25Retriever
 
-        bm25 = BM25Retriever(corpus, index_dir=args.index if args.kind == "bm25" else args.bm25_index)
+        bm25 = BM25Retriever(
+            corpus, index_dir=args.index if args.kind == "bm25" else args.bm25_index, engine=args.bm25_engine
+        )
     if args.kind == "hybrid":
         from retrievers.hybrid import HybridRetriever
 
@@ -147,6 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", default=None, help="prebuilt index for bm25/dense (default: build and cache)")
     parser.add_argument("--bm25-index", default=None, help="hybrid: prebuilt Lucene index")
     parser.add_argument("--dense-index", default=None, help="hybrid: prebuilt FAISS index")
+    parser.add_argument(
+        "--bm25-engine",
+        choices=["lucene", "matrix"],
+        default="lucene",
+        help="bm25/hybrid: 'matrix' scores a request's whole batch at once (same ranking as Lucene; memory grows "
+        "with the index's postings, for corpora up to a few million passages)",
+    )
     parser.add_argument("--encoder", default=None, help="dense: HF hub id or model dir (default: all-MiniLM-L6-v2)")
     parser.add_argument("--query-prefix", default="", help='dense: e.g. "query: " for E5')
     parser.add_argument("--passage-prefix", default="", help='dense: e.g. "passage: " for E5')

@@ -95,3 +95,23 @@ def test_bad_arguments_are_clear_errors(hotpot_corpus, matrix_bm25, tmp_path):
         matrix_bm25.batch_search(["film"], 0)
     with pytest.raises(FileNotFoundError, match="no Lucene index"):
         BM25Matrix.from_lucene(tmp_path)
+
+
+def test_env_searches_with_the_matrix_engine_as_with_lucene(bm25):
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    observations = []
+    for retriever in ("bm25", "bm25-matrix"):
+        env = gym.make("RedCoda-HotpotQA-v0", retriever=retriever)
+        env.reset(seed=0, options={"index": 3})
+        obs, *_ = env.step("<search>Scott Derrickson nationality</search>")
+        observations.append(obs)
+        env.close()
+    assert "<information>" in observations[0] and observations[0] == observations[1]
+
+
+def test_threaded_batch_equals_one_thread(matrix_bm25, questions):
+    matrix = matrix_bm25.matrix
+    assert matrix.top_k(questions, 5, threads=3) == matrix.top_k(questions, 5, threads=1)
