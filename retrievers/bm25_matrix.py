@@ -71,6 +71,8 @@ class BM25Matrix:
         self._id_rank[np.argsort(np.array(self.doc_ids, dtype=object), kind="stable")] = np.arange(len(self.doc_ids))
         self._analyzer = None
         self._separator = ""
+        self.redone = 0
+        """Queries whose candidates did not suffice and were ranked one by one (for tuning and tests)."""
 
     @classmethod
     def from_lucene(cls, index_dir: str | os.PathLike, k1: float = 0.9, b: float = 0.4, cache: bool = True):
@@ -197,39 +199,68 @@ class BM25Matrix:
             return [hits for chunk in chunks for hits in chunk]
 
     def _top_k(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
-        scores = self.query_matrix(queries) @ self.weights  # (queries x documents), CSR
-        values_all = scores.data.astype(np.float32)  # Lucene sums a document's terms in double, returns float
-        results = []
-        for row in range(len(queries)):
+        scores = self.query_matrix(queries) @ self.weights  # (queries x documents), CSR, float64 sums
+        n = len(queries)
+        lengths = np.diff(scores.indptr)  # documents each query matches
+        row_of = np.repeat(np.arange(n), lengths)
+        # Candidates, for all queries at once: scores at least a share of the query's best. Where at least k
+        # are, the top k are among them; the other queries (rare) are ranked one by one below.
+        best = np.zeros(n)
+        best[lengths > 0] = np.maximum.reduceat(scores.data, scores.indptr[:-1][lengths > 0])
+        threshold = best * CANDIDATE_SHARE
+        picked = np.flatnonzero(scores.data >= threshold[row_of])
+        rows, columns = row_of[picked], scores.indices[picked]
+        values = scores.data[picked].astype(np.float32)  # Lucene ranks the float32 value of its double sum
+        order = np.lexsort((self._id_rank[columns], -values, rows))  # by query, score, then id as Anserini
+        rows, columns, values = rows[order], columns[order], values[order]
+        counts = np.bincount(rows, minlength=n)
+        rank = np.arange(len(rows)) - (np.cumsum(counts) - counts)[rows]
+        first = rank < k
+        top_cols = np.zeros((n, k), np.int64)
+        top_values = np.zeros((n, k), np.float32)
+        top_cols[rows[first], rank[first]] = columns[first]
+        top_values[rows[first], rank[first]] = values[first]
+        found = np.minimum(counts, k)
+        # Redo a query if it has too few candidates, or if a non-candidate could round to a float32 tie with
+        # its k-th (scores are positive; 1e-6 is far above float32 rounding).
+        kth = top_values[np.arange(n), np.maximum(found - 1, 0)]
+        redo = (counts < np.minimum(lengths, k)) | ((lengths > counts) & (kth <= threshold * (1 + 1e-6)))
+        for row in np.flatnonzero(redo):
             lo, hi = scores.indptr[row], scores.indptr[row + 1]
-            values, columns = values_all[lo:hi], scores.indices[lo:hi]
+            values, columns = scores.data[lo:hi], scores.indices[lo:hi]
             if hi - lo > k:
-                kth = np.partition(values, hi - lo - k)[hi - lo - k]
-                keep = np.flatnonzero(values >= kth)  # all tied with the k-th stay in for the id tie-break
+                kth_row = np.partition(values, hi - lo - k)[hi - lo - k]
+                keep = np.flatnonzero(values >= kth_row * (1 - 1e-6))  # float32 ties with the k-th stay in
                 values, columns = values[keep], columns[keep]
+            values = values.astype(np.float32)
             order = np.lexsort((self._id_rank[columns], -values))[:k]
-            results.append(list(zip(columns[order].tolist(), _adjust_ties(values[order]), strict=True)))
-        return results
+            found[row] = len(order)
+            top_cols[row, : len(order)] = columns[order]
+            top_values[row, : len(order)] = values[order]
+        self.redone += int(redo.sum())
+        reported = _adjust_ties(top_values).tolist()
+        cols = top_cols.tolist()
+        return [list(zip(cols[row][:m], reported[row][:m], strict=True)) for row, m in enumerate(found.tolist())]
 
 
+CANDIDATE_SHARE = 0.3
+"""Share of a query's best score above which documents are ranked in the vectorized pass."""
 _MIN_PART = 32  # queries per thread below which a thread costs more than it saves
 _SEPARATOR = "redcodaqueryseparator"  # one token under the English analyzer, not an English word
 
 
-def _adjust_ties(scores: np.ndarray) -> list[float]:
-    """Anserini's ScoreTiesAdjusterReranker in float32: round to 1e-4, then -1e-6 per tied rank."""
+def _adjust_ties(scores: np.ndarray) -> np.ndarray:
+    """Anserini's ScoreTiesAdjusterReranker in float32 on (queries x k) ranked scores: round to 1e-4, then
+    lower a score tied (within 1e-4) with the previous, already adjusted, one by 1e-6 per tied rank."""
     f32 = np.float32
-    out: list[np.float32] = []
-    dup = 0
-    for score in scores:
-        rounded = f32(np.floor(f32(score) * f32(1e4) + f32(0.5))) / f32(1e4)  # Java's Math.round(float)
-        if not out or out[-1] - rounded > f32(1e-4):
-            dup = 0
-        else:
-            dup += 1
-            rounded = f32(rounded - f32(1e-6) * f32(dup))
-        out.append(f32(rounded))
-    return [float(x) for x in out]
+    rounded = np.floor(scores * f32(1e4) + f32(0.5)) / f32(1e4)  # Java's Math.round(float) / 1e4f
+    out = rounded.copy()
+    dup = np.zeros(len(scores), np.float32)
+    for j in range(1, scores.shape[1]):
+        tied = ~(out[:, j - 1] - rounded[:, j] > f32(1e-4))
+        dup = np.where(tied, dup + f32(1), f32(0))
+        out[:, j] = np.where(tied, rounded[:, j] - f32(1e-6) * dup, rounded[:, j])
+    return out
 
 
 def _read_lucene(index_dir: Path, k1: float, b: float):

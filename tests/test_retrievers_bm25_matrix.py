@@ -115,3 +115,20 @@ def test_env_searches_with_the_matrix_engine_as_with_lucene(bm25):
 def test_threaded_batch_equals_one_thread(matrix_bm25, questions):
     matrix = matrix_bm25.matrix
     assert matrix.top_k(questions, 5, threads=3) == matrix.top_k(questions, 5, threads=1)
+
+
+@pytest.mark.parametrize("share", [1.01, 0.9, 0.05])
+def test_vectorized_ranking_equals_one_query_at_a_time(matrix_bm25, questions, share, monkeypatch):
+    """The candidate pass (share of the best score) and the per-query fallback rank alike, whatever the share."""
+    import retrievers.bm25_matrix as bm25_matrix
+
+    matrix = matrix_bm25.matrix
+    expected = matrix.top_k(questions, 7)
+    monkeypatch.setattr(bm25_matrix, "CANDIDATE_SHARE", share)
+    matrix.redone = 0
+    assert matrix.top_k(questions, 7) == expected
+    matched = sum(1 for q in questions if matrix.analyze(q) and any(t in matrix.vocab for t in matrix.analyze(q)))
+    if share > 1:  # no candidate at all: every query that matches something goes through the fallback
+        assert matrix.redone == matched
+    elif share < 0.1:  # nearly every match is a candidate: no fallback needed
+        assert matrix.redone == 0
