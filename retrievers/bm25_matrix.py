@@ -22,8 +22,8 @@ What makes the numbers Lucene's, and not just "a BM25":
   query builder boosts it;
 - ties are broken by the document's collection id, ascending, as Anserini sorts hits, and scores are
   rounded and tie-adjusted as Anserini reports them.
-`tests/test_retrievers_dense.py` checks top-k lists and scores against `LuceneSearcher.search` on real
-questions.
+`tests/test_retrievers_bm25_matrix.py` checks top-k lists and scores against `LuceneSearcher.search` on
+the bundled dev questions and on queries where these details matter.
 
 Memory: 12 bytes per posting (float64 value, int32 column), about 10 MB for the bundled corpus and about
 18 GB for wiki-18's ~1.5 billion postings; and a batch's score matrix holds one entry per (query, matching
@@ -277,6 +277,8 @@ def _read_lucene(index_dir: Path, k1: float, b: float):
         n_docs = reader.maxDoc()
         doc_count = reader.getDocCount(_FIELD)
         total_length = reader.getSumTotalTermFreq(_FIELD)
+        if reader.numDocs() != n_docs:  # deleted documents still sit in the postings until a merge
+            raise ValueError(f"the Lucene index at {index_dir} has deleted documents; use engine='lucene'")
         if doc_count <= 0:
             raise ValueError(f"the Lucene index at {index_dir} has no '{_FIELD}' field to score")
         doc_ids: list[str] = [""] * n_docs
@@ -289,7 +291,10 @@ def _read_lucene(index_dir: Path, k1: float, b: float):
             leaf, base = context.reader(), context.docBase
             stored = leaf.storedFields()
             for doc in range(leaf.maxDoc()):
-                doc_ids[base + doc] = stored.document(doc).get("id")
+                doc_id = stored.document(doc).get("id")
+                if doc_id is None:
+                    raise ValueError(f"the Lucene index at {index_dir} stores no 'id' field (Anserini's layout)")
+                doc_ids[base + doc] = doc_id
             norms = leaf.getNormValues(_FIELD)
             doc = norms.nextDoc() if norms is not None else _NO_MORE_DOCS
             while doc != _NO_MORE_DOCS:
