@@ -188,19 +188,21 @@ class BM25Matrix:
             return []
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        terms = self.query_matrix(queries)  # one call into Java for the whole batch
         parts = min(threads, len(queries) // _MIN_PART)
         if parts <= 1:
-            return self._top_k(queries, k)
+            return self._top_k(terms, k)
         from concurrent.futures import ThreadPoolExecutor
 
         bounds = np.linspace(0, len(queries), parts + 1).astype(int)
         with ThreadPoolExecutor(parts) as pool:
-            chunks = pool.map(lambda lo, hi: self._top_k(queries[lo:hi], k), bounds[:-1], bounds[1:])
+            chunks = pool.map(lambda lo, hi: self._top_k(terms[lo:hi], k), bounds[:-1], bounds[1:])
             return [hits for chunk in chunks for hits in chunk]
 
-    def _top_k(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
-        scores = self.query_matrix(queries) @ self.weights  # (queries x documents), CSR, float64 sums
-        n = len(queries)
+    def _top_k(self, terms, k: int) -> list[list[tuple[int, float]]]:
+        """Top k of each row of a (queries x terms) count matrix."""
+        scores = terms @ self.weights  # (queries x documents), CSR, float64 sums
+        n = terms.shape[0]
         lengths = np.diff(scores.indptr)  # documents each query matches
         row_of = np.repeat(np.arange(n), lengths)
         # Candidates, for all queries at once: scores at least a share of the query's best. Where at least k
