@@ -132,3 +132,17 @@ def test_vectorized_ranking_equals_one_query_at_a_time(matrix_bm25, questions, s
         assert matrix.redone == matched
     elif share < 0.1:  # nearly every match is a candidate: no fallback needed
         assert matrix.redone == 0
+
+
+def test_server_builds_the_matrix_engine_when_asked(bm25):
+    import argparse
+
+    from retrievers.server import BUNDLED_CORPUS, build_retriever
+
+    args = argparse.Namespace(
+        corpus=str(BUNDLED_CORPUS), kind="bm25", index=None, bm25_index=None, bm25_engine="matrix", cache_size=0
+    )
+    retriever = build_retriever(args)
+    assert retriever.engine == "matrix"
+    query = "What citizen was the author of Bimbos of the Death Sun?"
+    assert [p.doc_id for p in retriever.search(query, 5)] == [p.doc_id for p in bm25.search(query, 5)]
