@@ -26,7 +26,7 @@ AutoTokenizer.from_pretrained(".gpu/smollm2-config").save_pretrained("/tmp/smoll
 print(torch.cuda.get_device_name(0), sum(p.numel() for p in model.parameters()) / 1e6, "M parameters")
 PY
 COMMON=(--preset gpu --model /tmp/smollm2-arch --corpus distractor --steps 2 --sft-num-demos 256 --save-every 0)
-for algo in grpo grpo_sft red_grpo; do
+for algo in ${ALGOS-grpo grpo_sft red_grpo}; do  # ALGOS="" runs only the train-step split
   python3 -m algos.$algo "${COMMON[@]}" --run-dir "$OUT/$algo" 2>&1 | grep -vE "Warning|warn" | tail -n 14
   python3 - "$OUT/$algo/metrics.jsonl" "$algo" <<'PY'
 import json, sys
