@@ -7,6 +7,11 @@
 # shipped (the bundled GGUF is larger than what can be carried), so the model is SmolLM2-135M's exact
 # architecture with random weights: the timings are those of SmolLM2-135M, the rewards are meaningless.
 # Without a JVM the env uses the distractor corpus (in-memory BM25 over each question's own paragraphs).
+# Make the config folder on a machine with the project installed (it reads the cached SmolLM2 conversion):
+#   python -c "from agents.models import ensure_smollm2_cache as e; from transformers import AutoConfig as C, \
+#     AutoTokenizer as T; d = e(); C.from_pretrained(d).save_pretrained('.gpu/smollm2-config'); \
+#     T.from_pretrained(d).save_pretrained('.gpu/smollm2-config')"
+# With real weights at hand (a network, or a copied folder), put their path in place of /tmp/smollm2-arch.
 set -euo pipefail
 OUT=${OUT:-/tmp/gpu-steps}
 mkdir -p "$OUT"
