@@ -109,6 +109,10 @@ def token_rewards(
 class PPOTrainer(Trainer):
     """The shared loop with a value head, GAE advantages and a clipped value loss (see the module docstring)."""
 
+    def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
+        explained = metrics.get("critic/explained_variance", float("nan"))
+        return {**super().progress_fields(metrics), "ev": f"{explained:.3f}"}
+
     def init_learner(self) -> None:
         if not (hasattr(self.policy, "get_decoder") and hasattr(self.policy, "get_output_embeddings")):
             raise ValueError("PPO needs a causal LM with get_decoder() and get_output_embeddings() for its value head")

@@ -722,6 +722,16 @@ class Trainer:
             self.log(metrics)
             yield metrics
 
+    def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
+        """The few numbers the progress bar shows after a step: reward, answer F1 on QA envs, the SFT weight
+        when the algorithm has an SFT term. Learners with their own key numbers extend it."""
+        fields = {"reward": f"{metrics['critic/rewards/mean']:.2f}"}
+        if "QueryRewrite" not in (self.config.env_id or ""):  # a rewrite episode has no answer to score
+            fields["f1"] = f"{metrics['answer_f1/mean']:.3f}"
+        if self.weighting.uses_sft:
+            fields["w"] = f"{metrics.get('sft/weight', 0.0):.2f}"
+        return fields
+
     def train(self) -> dict[str, Any]:
         """Run to ``config.steps``, save the final checkpoint and model, print and return a summary."""
         from tqdm.auto import tqdm
@@ -735,12 +745,7 @@ class Trainer:
             dynamic_ncols=True,
         ) as bar:
             for metrics in self.steps():
-                bar.set_postfix(
-                    reward=f"{metrics['critic/rewards/mean']:.2f}",
-                    f1=f"{metrics['answer_f1/mean']:.3f}",
-                    w=f"{metrics.get('sft/weight', 0.0):.2f}",
-                    refresh=False,
-                )
+                bar.set_postfix(self.progress_fields(metrics), refresh=False)
                 bar.update(1)
         checkpoint = self.save()
         final = self.save_final_model()

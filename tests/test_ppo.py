@@ -108,6 +108,7 @@ def test_one_step_changes_the_policy_and_the_value_head(tmp_path):
     for key in ("loss_pg", "loss_value", "rl/kl_to_ref", "critic/explained_variance", "env/recall_at_k"):
         assert key in metrics, key
     assert metrics["loss_value"] > 0
+    assert set(trainer.progress_fields(metrics)) == {"reward", "ev"}  # no answer F1, no SFT weight to show
 
 
 def test_resume_reproduces_the_next_step(tmp_path):

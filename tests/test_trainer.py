@@ -42,6 +42,11 @@ def test_parameters_change_after_one_step(tmp_path):
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert len(changed) == len(before)  # weight decay is 0 in the tiny preset: every change is a gradient step
     assert metrics["loss_sft"] > 0 and metrics["sft/weight"] == 1.0
+    assert trainer.progress_fields(metrics) == {
+        "reward": f"{metrics['critic/rewards/mean']:.2f}",
+        "f1": f"{metrics['answer_f1/mean']:.3f}",
+        "w": "1.00",
+    }
     for key in ("critic/rewards/mean", "answer_f1/mean", "format_scores/mean", "time/generation", "tokens/s"):
         assert np.isfinite(metrics[key]), key
 
