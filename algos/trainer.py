@@ -837,6 +837,7 @@ def main(
     """
     config = parse_config(argv, algo=algo, description=description, **defaults)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     trainer = (trainer_cls or Trainer)(config)
     try:
