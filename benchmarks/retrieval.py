@@ -201,6 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     qids = [str(i) for i in range(len(questions))]
 
+    def raw_search_loop() -> list:  # the least any caller of the one-query API does: docid and score
+        return [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions]
+
+    def raw_batch_search(threads: int) -> dict:
+        hits = raw.batch_search(questions, qids, k, threads)
+        return {qid: [(h.docid, h.score) for h in found] for qid, found in hits.items()}
+
     def search_r1_loop(queries: Sequence[str]) -> None:  # Search-R1 retrieval_server.py BM25Retriever._batch_search
         for q in queries:
             for hit in raw.search(q, k):
@@ -209,18 +216,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     lucene = paired_best(
         {
-            "raw_search_loop": lambda: [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions],
+            "raw_search_loop": raw_search_loop,
             "search_r1_loop": lambda: search_r1_loop(questions),
             "ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
-            "raw_batch_search": lambda: {
-                qid: [(h.docid, h.score) for h in hits]
-                for qid, hits in raw.batch_search(questions, qids, k, args.threads).items()
-            },
+            "raw_batch_search": lambda: raw_batch_search(args.threads),
             "ours_batch_search": lambda: bm25.batch_search(questions, k),
             "ours_matrix_batch_search": lambda: bm25_matrix.batch_search(questions, k),
-            "raw_batch_search_1_thread": lambda: {
-                qid: [(h.docid, h.score) for h in hits] for qid, hits in raw.batch_search(questions, qids, k, 1).items()
-            },
+            "raw_batch_search_1_thread": lambda: raw_batch_search(1),
         },
         args.paired_repeats,
     )
@@ -261,12 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
     # Wrapper overheads in CPU time (robust to other processes' load): the same loops, raw engine vs ours.
     cpu = paired_best(
         {
-            "lucene_raw_search_loop": lambda: [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions],
+            "lucene_raw_search_loop": raw_search_loop,
             "lucene_ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
-            "lucene_raw_batch_search": lambda: {
-                qid: [(h.docid, h.score) for h in hits]
-                for qid, hits in raw.batch_search(questions, qids, k, args.threads).items()
-            },
+            "lucene_raw_batch_search": lambda: raw_batch_search(args.threads),
             "lucene_ours_batch_search": lambda: bm25.batch_search(questions, k),
             "matrix_ours_batch_search": lambda: bm25_matrix.batch_search(questions, k),
             "faiss_raw_loop": lambda: [flat.index.search(v, k) for v in rows],
