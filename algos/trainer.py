@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from agents.records import Completion, SamplingParams
+from agents.samplers import SamplerWrapper
 from algos.batch import answer_accuracy, collate_sft, collate_trajectories, token_logprobs, token_logprobs_and_entropy
 from algos.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from algos.config import AlgoName, Config, parse_config
@@ -154,21 +155,13 @@ def masked_token_logprobs(
     return logp, entropy
 
 
-class _TimedSampler:
+class _TimedSampler(SamplerWrapper):
     """Wraps a sampler to time its `generate` calls, so a rollout's time splits into generation and the rest."""
 
     def __init__(self, sampler: Any) -> None:
-        self.inner = sampler
+        super().__init__(sampler)
         self.seconds = 0.0
         self.tokens = 0
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         _sync()
@@ -178,9 +171,6 @@ class _TimedSampler:
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(c.token_ids) for c in completions)
         return completions
-
-    def __getattr__(self, name: str) -> Any:  # load_weights etc. of engines that have them
-        return getattr(self.inner, name)
 
 
 def _sync() -> None:

@@ -27,24 +27,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.records import Completion, SamplingParams
+from agents.samplers import SamplerWrapper
 
 
-class CountingSampler:
+class CountingSampler(SamplerWrapper):
     """A `Sampler` wrapper that records the number of rows and sampled tokens of every generate call."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[int] = []
         self.recorded: list[tuple[list[list[int]], SamplingParams]] = []
         self.sampled = 0
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         completions = self.inner.generate(prompts, params)

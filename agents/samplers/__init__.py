@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Sampler",
+    "SamplerWrapper",
     "HFSampler",
     "VLLMSampler",
     "OpenAISampler",
@@ -78,6 +79,30 @@ class Sampler(Protocol):
             One `Completion` per prompt, in order.
         """
         ...
+
+
+class SamplerWrapper:
+    """A `Sampler` around another one: the wrapped sampler's tokenizer, context and extra methods (such as
+    `load_weights`) pass through; subclasses override `generate` to observe the calls (timing, counting)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        return self.inner.generate(prompts, params)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 def overflow(prompt_len: int, max_new_tokens: int, max_context: int) -> int:
