@@ -54,7 +54,6 @@ Run (default env RedCoda-HotpotQA-v0, the flat protocol; ``--protocol coda`` for
 
 from __future__ import annotations
 
-import argparse
 import copy
 from collections.abc import Sequence
 from typing import Any
@@ -65,7 +64,7 @@ from tensordict import TensorDict
 
 from agents.records import Trajectory
 from algos.batch import collate_trajectories
-from algos.config import PRESETS, default_preset
+from algos.config import argv_preset
 from algos.trainer import Trainer
 from algos.trainer import main as train
 from algos.value import TurnCritic, turn_features, turn_spans, whiten
@@ -310,10 +309,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
-    preset = pre.parse_known_args(args)[0].preset or default_preset()
-    defaults = {**ARCHER_DEFAULTS, **ARCHER_PRESETS[preset]}
+    defaults = {**ARCHER_DEFAULTS, **ARCHER_PRESETS[argv_preset(args)]}
     return train(args, algo="archer", description=__doc__, trainer_cls=ArCHerTrainer, **defaults)
 
 

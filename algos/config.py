@@ -346,6 +346,13 @@ def default_preset() -> PresetName:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
+def argv_preset(args: Sequence[str]) -> PresetName:
+    """The preset a command line names with ``--preset``, else `default_preset()` (other flags are ignored)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    return pre.parse_known_args(list(args))[0].preset or default_preset()
+
+
 def parse_config(
     argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None, **defaults: object
 ) -> Config:
@@ -365,8 +372,5 @@ def parse_config(
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
-    known, _ = pre.parse_known_args(args)
-    base = preset_config(known.preset or default_preset(), algo=algo, **defaults)
+    base = preset_config(argv_preset(args), algo=algo, **defaults)
     return tyro.cli(Config, default=base, args=args, description=description)

@@ -35,7 +35,6 @@ Run (default env RedCoda-QueryRewrite-v0; the flat QA env with ``--env-id RedCod
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +42,7 @@ import torch
 from tensordict import TensorDict
 
 from algos.batch import collate_trajectories
-from algos.config import PRESETS, QUERY_REWRITE_ENV, default_preset
+from algos.config import QUERY_REWRITE_ENV, argv_preset
 from algos.losses import policy_loss
 from algos.trainer import Trainer, micro_batches
 from algos.trainer import main as train
@@ -209,10 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
-    preset = pre.parse_known_args(args)[0].preset or default_preset()
-    defaults = {**PPO_DEFAULTS, **PPO_PRESETS[preset]}
+    defaults = {**PPO_DEFAULTS, **PPO_PRESETS[argv_preset(args)]}
     return train(args, algo="ppo", description=__doc__, trainer_cls=PPOTrainer, **defaults)
 
 
