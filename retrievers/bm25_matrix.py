@@ -79,7 +79,6 @@ class BM25Matrix:
         """Read `index_dir`'s postings and norms and compute BM25(k1, b) contributions (cached on disk)."""
         from retrievers.bm25 import JAVA_LOCK, start_jvm
 
-        start_jvm()
         index_dir = Path(index_dir).resolve()
         segments = sorted(p.name for p in index_dir.glob("segments_*"))
         if not segments:
@@ -88,6 +87,7 @@ class BM25Matrix:
         cached = cache_root() / "bm25_matrix" / f"{key}.npz"
         if cache and cached.exists():
             return cls._load(cached)
+        start_jvm()
         with JAVA_LOCK:
             doc_ids, vocab, weights = _read_lucene(index_dir, k1, b)
         matrix = cls(doc_ids, vocab, weights)
@@ -136,7 +136,8 @@ class BM25Matrix:
         """
         from retrievers.bm25 import JAVA_LOCK, start_jvm
 
-        start_jvm()
+        if self._analyzer is None:
+            start_jvm()  # once, before the lock (start_jvm's own lock is always taken first)
         with JAVA_LOCK:
             if self._analyzer is None:
                 from pyserini.analysis import Analyzer, get_lucene_analyzer
