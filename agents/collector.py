@@ -71,9 +71,9 @@ class RolloutCollector(BaseCollector):
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.indices)
 
-    def _next_questions(self) -> list[int]:
+    def _next_questions(self, n: int) -> list[int]:
         out = []
-        while len(out) < self.questions_per_batch:
+        while len(out) < n:
             if self._position == len(self._order):
                 self._epoch, self._position = self._epoch + 1, 0
                 self._order = self._permutation(self._epoch)
@@ -81,16 +81,25 @@ class RolloutCollector(BaseCollector):
             self._position += 1
         return out
 
-    def collect(self) -> list[Trajectory]:
-        """Play the next batch of GRPO groups to the end and return its trajectories."""
-        questions = self._next_questions()
+    def collect(self, num_questions: int | None = None) -> list[Trajectory]:
+        """Play the next batch of GRPO groups to the end and return its trajectories.
+
+        Args:
+            num_questions: questions in this batch, at most ``questions_per_batch`` (a trainer's smaller probe
+                batch); None: ``questions_per_batch``. The data order goes on from where it stands either way.
+        """
+        n = self.questions_per_batch if num_questions is None else num_questions
+        if not 1 <= n <= self.questions_per_batch:
+            raise ValueError(f"num_questions must lie in [1, {self.questions_per_batch}], got {n}")
+        questions = self._next_questions(n)
         indices = [q for q in questions for _ in range(self.group_size)]
         group_ids = [
             self.batches_done * self.questions_per_batch + i
             for i, _ in enumerate(questions)
             for _ in range(self.group_size)
         ]
-        trajectories = self.agent.rollout(self.envs, indices, group_ids, seed=self.seed * 1_000_003 + self.batches_done)
+        envs = self.envs[: len(indices)]
+        trajectories = self.agent.rollout(envs, indices, group_ids, seed=self.seed * 1_000_003 + self.batches_done)
         self.batches_done += 1
         self.last_trajectories = trajectories
         return trajectories

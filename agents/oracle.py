@@ -1,12 +1,27 @@
 """The oracle teacher: demonstrations built from supporting facts, played through the real env.
 
-The oracle reads the gold evidence of each question (supporting-fact titles and sentences, MuSiQue's
-decomposition where there is one) and acts in the env like a good agent would: it searches, looks at
-what came back, searches again for the gold titles still missing (naming the bridge entity), quotes the
-evidence in <think>/<refine>, and answers. Its first query is the question itself or the first gold
-title (seeded), so demonstrations vary in their number of searches. Every action goes through the real
-env and retriever, and the episode is recorded in exactly the token layout of the LLM agents
-(`Generation`s with the model's turns masked 1), so it is SFT data for GRPO+SFT and RED as it stands.
+The oracle knows the gold answer and the gold titles, but it acts only as a model could learn to act
+from its own context, so that supervised learning on its episodes teaches behaviour the model can
+reproduce on questions it has never seen:
+
+- its first query is the question itself (a copy of what the model reads);
+- a later query is a gold title still missing, and only one that appears in the question or in a passage
+  already shown (the bridge entity named in the second query); a missing title that appears nowhere is
+  not searched;
+- it answers as soon as the answer can be read from what the env showed (the passages as cut by the env's
+  ``max_passage_words``), quoting that evidence first: ``<refine>`` holds the one sentence (at most
+  ``quote_words`` words around the answer) the answer is read from, then ``<answer>`` the gold answer;
+  yes/no answers quote the opening words of each gold passage seen and conclude.
+
+The number of searches therefore varies (one when the first results already hold the answer). An episode
+is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
+shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded episodes only.
+CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that the
+results name), each executor plays the flat policy on its task, and the planner answers from the
+<result>s it received, quoting them.
+
+Every action goes through the real env and retriever, and the episode is recorded in exactly the token
+layout of the LLM agents (`Generation`s with the model's turns masked 1), so it is SFT data as it stands.
 
     python -m agents.oracle --split train --out oracle_train.jsonl [--protocol flat|coda] [--limit N]
 
@@ -27,41 +42,76 @@ import numpy as np
 from agents.records import Completion, SamplingParams, Trajectory
 from agents.search_agents import ContextAgent, _Slot
 from envs.data import QAExample
-from envs.rewards import cover_exact_match
+from envs.rewards import normalize_answer
 
-_TITLE = re.compile(r'Doc \d+ \(Title: "(.*?)"\)')
+_DOC = re.compile(r'Doc \d+ \(Title: "(.*?)"\) (.*)')
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+_YES_NO = ("yes", "no")
 
 
 @dataclass
 class _Plan:
-    """What the oracle knows and has seen in one episode."""
+    """What the oracle has seen and done in one episode (flat) or one executor task / planner (coda)."""
 
     example: QAExample
-    first_query_is_question: bool
-    seen_titles: set[str] = field(default_factory=set)
+    shown: dict[str, str] = field(default_factory=dict)
+    """Passages the env showed, title -> text as shown (cut to the env's passage length)."""
     queried: set[str] = field(default_factory=set)
-    """Titles already used as queries: a title BM25 did not return once is not searched again."""
     searches: int = 0
-    task: int = 0
+    copyable_queries: bool = True
+    grounded: bool = False
+    tasks: list[str] = field(default_factory=list)
     results: list[str] = field(default_factory=list)
 
 
+def _contains(text: str, phrase: str) -> bool:
+    """Whether `phrase` occurs in `text` as whole words, after answer normalization."""
+    phrase = normalize_answer(phrase)
+    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
+
+
+def _base_title(title: str) -> str:
+    """A Wikipedia title without its disambiguation: "Alan Campbell (actor)" -> "Alan Campbell"."""
+    return re.sub(r"\s*\([^)]*\)$", "", title) or title
+
+
+def _quote(text: str, answer: str, max_words: int) -> str | None:
+    """The sentence of `text` that holds `answer`, cut to `max_words` words around it; None if absent."""
+    for sentence in _SENTENCE_END.split(text):
+        if not _contains(sentence, answer):
+            continue
+        words = sentence.replace(" ...", "").split()
+        if len(words) <= max_words:
+            return " ".join(words)
+        first = normalize_answer(answer).split()[0]
+        at = next((i for i, w in enumerate(words) if normalize_answer(w) == first), 0)
+        lo = max(0, min(at - max_words // 2, len(words) - max_words))
+        return " ".join(words[lo : lo + max_words])
+    return None
+
+
 class OracleAgent(ContextAgent):
-    """Acts from the gold evidence, in either protocol.
+    """Acts from the gold evidence, in either protocol, as described in the module docstring.
 
     Args:
         tokenizer: the tokenizer of the model the demonstrations are for.
-        seed: seeds the choice of first query.
-        max_searches: searches per (sub-)task before the oracle answers anyway.
+        seed: seeds the oracle's random choices (none are random today; kept for the record format).
+        max_searches: searches per episode (flat) or per task (coda) before the oracle answers anyway.
+        max_tasks: coda: tasks the planner delegates at most.
+        quote_words: longest evidence quote, in words.
     """
 
-    def __init__(self, tokenizer: Any, seed: int = 0, max_searches: int = 2) -> None:
+    def __init__(
+        self, tokenizer: Any, seed: int = 0, max_searches: int = 2, max_tasks: int = 2, quote_words: int = 20
+    ) -> None:
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)
         self.max_searches = max_searches
+        self.max_tasks = max_tasks
+        self.quote_words = quote_words
         self.max_context_tokens = 1 << 30
         self.params = self.executor_params = SamplingParams(max_new_tokens=0)
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[tuple[int, str], _Plan] = {}
 
     def _check_env(self, env: Any) -> None:
         if not env.unwrapped.examples[0].answers:
@@ -70,14 +120,16 @@ class OracleAgent(ContextAgent):
     def _tokenizer(self, role: str) -> Any:
         return self.tokenizer
 
+    def _plan(self, slot: _Slot) -> _Plan:
+        key = (id(slot), "planner" if slot.context.role == "planner" else "searcher")
+        if key not in self._plans:
+            self._plans[key] = _Plan(slot.env.unwrapped.examples[slot.index])
+        return self._plans[key]
+
     def _act(self, live: list[_Slot], seed: int | None) -> list[Completion]:
         out = []
         for slot in live:
-            plan = self._plans.get(id(slot))
-            if plan is None:
-                example = slot.env.unwrapped.examples[slot.index]
-                plan = self._plans[id(slot)] = _Plan(example, bool(self.rng.random() < 0.5))
-            text = self._next_action(slot, plan)
+            text = self._next_action(slot, self._plan(slot))
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             out.append(Completion(text, tuple(ids), (0.0,) * len(ids), "stop"))
         return out
@@ -90,80 +142,86 @@ class OracleAgent(ContextAgent):
             self._plans.clear()
 
     def _apply(self, slot: _Slot, completion: Completion) -> None:
+        plan = self._plan(slot)
         super()._apply(slot, completion)
-        plan = self._plans[id(slot)]
-        plan.seen_titles.update(_TITLE.findall(slot.last_obs))
+        if slot.done:
+            slot.info = {**slot.info, "oracle_grounded": plan.grounded and plan.copyable_queries}
+            return
+        for title, text in (m.groups() for m in map(_DOC.match, slot.last_obs.split("\n")) if m):
+            plan.shown.setdefault(title, text.replace("</information>", ""))
         if "<result>" in slot.last_obs:
-            plan.results.append(slot.last_obs.split("<result>", 1)[1].split("</result>", 1)[0])
+            planner = self._plans[(id(slot), "planner")]
+            planner.results.append(slot.last_obs.split("<result>", 1)[1].split("</result>", 1)[0].strip())
+            planner.copyable_queries &= plan.copyable_queries and plan.grounded  # a grounded episode: every task too
+            self._plans.pop((id(slot), "searcher"), None)  # the next task starts a fresh executor plan
 
     # -- the policy -------------------------------------------------------------------------------------
     def _next_action(self, slot: _Slot, plan: _Plan) -> str:
         role, example = slot.context.role, plan.example
-        if role == "agent":
-            return self._search_or_answer(plan, example.gold_titles, example.question, final=True)
-        if role == "executor":
-            titles = (
-                (example.gold_titles[min(plan.task - 1, len(example.gold_titles) - 1)],) if example.gold_titles else ()
-            )
-            return self._search_or_answer(plan, titles, self._subquestion(plan, plan.task - 1), final=False)
-        # planner
-        n_tasks = max(1, len(example.decomposition) or len(example.gold_titles))
-        if plan.task < n_tasks:
-            plan.task += 1
-            plan.searches = 0
-            sub = self._subquestion(plan, plan.task - 1)
-            known = f" So far I know: {plan.results[-1]}" if plan.results else ""
-            return f"<think>I need to answer step {plan.task}: {sub}.{known}</think>\n<task>{sub}</task>"
+        if role == "planner":
+            return self._plan_next(plan, example)
+        question = example.question if role == "agent" else self._plans[(id(slot), "planner")].tasks[-1]
+        return self._search_or_answer(plan, example, question)
+
+    def _plan_next(self, plan: _Plan, example: QAExample) -> str:
         evidence = " ".join(plan.results)
-        return (
-            f"<think>The workers found: {evidence}</think>\n"
-            f"<refine>{evidence} Therefore the answer is {example.answer}.</refine>\n<answer>{example.answer}</answer>"
-        )
-
-    def _subquestion(self, plan: _Plan, i: int) -> str:
-        example = plan.example
-        if example.decomposition:
-            sub = example.decomposition[min(i, len(example.decomposition) - 1)][0]
-            for j, (_, answer) in enumerate(example.decomposition[:i]):
-                sub = sub.replace(f"#{j + 1}", answer)
-            return sub
-        if not example.gold_titles:
-            return example.question
-        title = example.gold_titles[min(i, len(example.gold_titles) - 1)]
-        return f"What does {title} tell us for the question: {example.question}"
-
-    def _search_or_answer(self, plan: _Plan, titles: Sequence[str], question: str, final: bool) -> str:
-        example = plan.example
-        missing = [t for t in titles if t not in plan.seen_titles and t not in plan.queried]
-        if missing and plan.searches < self.max_searches + len(titles) - 1:
-            plan.searches += 1
-            if plan.searches == 1 and plan.first_query_is_question:
-                query, why = question, "Let me search for the question first."
-            else:
-                query = missing[0]
-                plan.queried.add(query)
-                why = f"I still need information about {query}."
-            return f"<think>{why}</think>\n<search>{query}</search>"
-        sentences = [s for t in titles for s in example.supporting_sentences(t)] or [example.question]
-        evidence = " ".join(sentences)
-        if final:
-            return (
-                f"<think>The evidence says: {evidence}</think>\n"
-                f"<refine>{evidence} So the answer is {example.answer}.</refine>\n<answer>{example.answer}</answer>"
-            )
-        if example.decomposition:
-            sub_answer = example.decomposition[min(plan.task - 1, len(example.decomposition) - 1)][1]
+        if plan.results and _contains(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
+            plan.grounded = _contains(evidence, example.answer) or normalize_answer(example.answer) in _YES_NO
+            return f"<refine>{evidence}</refine>\n<answer>{example.answer}</answer>"
+        if not plan.tasks:
+            task = example.question
         else:
-            sub_answer = sentences[0]
-        refine = f"<refine>{evidence}</refine>\n" if cover_exact_match(evidence, example.answers) else ""
-        return f"<think>The evidence says: {evidence}</think>\n{refine}<answer>{sub_answer}</answer>"
+            named = [t for t in example.gold_titles if _contains(evidence, t)] or list(example.gold_titles[-1:])
+            plan.copyable_queries &= bool(named) and _contains(evidence, named[0])
+            task = f"What is known about {named[0]}?"
+        plan.tasks.append(task)
+        return f"<think>I will ask a worker.</think>\n<task>{task}</task>"
+
+    def _search_or_answer(self, plan: _Plan, example: QAExample, question: str) -> str:
+        answer = example.answer
+        missing = [t for t in example.gold_titles if t not in plan.shown and t not in plan.queried]
+        quote = self._evidence(plan, example)
+        if quote is None and plan.searches < self.max_searches:
+            if plan.searches == 0:
+                query = question
+            else:
+                seen = question + " " + " ".join(plan.shown.values())
+                copyable = [_base_title(t) for t in missing if _contains(seen, _base_title(t))]
+                if not missing:
+                    return self._answer(plan, answer, None)
+                query = (copyable or missing)[0]
+                plan.copyable_queries &= bool(copyable)
+                plan.queried.update(t for t in missing if _base_title(t) == query or t == query)
+            plan.searches += 1
+            return f"<think>I need to search.</think>\n<search>{query}</search>"
+        return self._answer(plan, answer, quote)
+
+    def _answer(self, plan: _Plan, answer: str, quote: str | None) -> str:
+        plan.grounded = quote is not None
+        evidence = quote or " ".join(plan.shown.values())[: 40 * 8] or "I found nothing."
+        return f"<refine>{evidence}</refine>\n<answer>{answer}</answer>"
+
+    def _evidence(self, plan: _Plan, example: QAExample) -> str | None:
+        """The quote the answer is read from, or None while the shown passages do not hold it."""
+        if normalize_answer(example.answer) in _YES_NO:  # a comparison: quote the opening of each gold passage
+            golds = [t for t in example.gold_titles if t in plan.shown]
+            if not golds or (len(golds) < len(example.gold_titles) and plan.searches < self.max_searches):
+                return None
+            openings = " ".join(" ".join(plan.shown[t].split()[:12]) for t in golds)
+            return f"{openings} So the answer is {example.answer}."
+        for text in plan.shown.values():
+            for answer in example.answers:
+                quote = _quote(text, answer, self.quote_words)
+                if quote is not None:
+                    return quote
+        return None
 
 
 def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> dict[str, Any]:
     """One episode as a JSON-ready chat record.
 
-    Format: `{"id", "index", "protocol", "reward", "f1", "contexts": [{"role", "messages": [...]}]}` where each
-    context's messages are `{"role": "assistant"|"observation", "content"}`: the assistant messages are the
+    Format: `{"id", "index", "protocol", "reward", "f1", "grounded", "contexts": [{"role", "messages": [...]}]}`
+    where each context's messages are `{"role": "assistant"|"observation", "content"}`: the assistant messages are the
     model's turns (trained on), observation messages everything else (not trained on): first the
     chat-template prompt (system and user turns, rendered), then what the env inserted between turns.
     Tokenizing the contents message by message, in order, gives the exact token context the agents use.
@@ -189,6 +247,7 @@ def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> di
         "protocol": env.unwrapped.protocol,
         "reward": trajectory.reward,
         "f1": trajectory.info.get("f1", 0.0),
+        "grounded": bool(trajectory.info.get("oracle_grounded", True)),
         "contexts": contexts,
     }
 

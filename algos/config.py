@@ -54,6 +54,8 @@ class Config:
     """Name of the run (wandb and the default run_dir); None means <algo>-<preset>-seed<seed>."""
     resume: bool = False
     """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
+    max_train_minutes: float | None = None
+    """Training-time budget: no step starts that would end past it (estimated from the last step); None: off."""
 
     # --- model -------------------------------------------------------------------------------------------
     model: str | None = None
@@ -63,7 +65,8 @@ class Config:
     bf16: bool | None = None
     """bfloat16 autocast for every forward pass (weights and optimizer stay float32); None means on with CUDA."""
     torch_threads: int | None = None
-    """CPU threads for torch (torch.set_num_threads); None keeps torch's default."""
+    """CPU threads for torch; None: every core when the machine is idle at start, fewer under load (one
+    thread per process beats several when cores are contended)."""
     lora: bool = False
     """Train a LoRA adapter (peft) instead of every weight."""
     lora_rank: int = 16
@@ -104,6 +107,10 @@ class Config:
     """Distinct questions (prompts) per step."""
     group_size: int = 2
     """Episodes per question (G of GRPO)."""
+    tie_probe_questions: int | None = None
+    """Questions per step while the last step's rollouts all tied (every group's rewards equal, so the policy
+    gradient is exactly 0): a small probe keeps RED's entropy and accuracy estimates alive at a fraction of the
+    cost, and the full batch returns as soon as a group's rewards differ; None: always questions_per_step."""
     max_new_tokens: int = 256
     """Tokens sampled per turn at most."""
     temperature: float = 1.0
@@ -188,6 +195,15 @@ class Config:
     """RED's EMA decay of both entropies."""
     red_use_accuracy: bool = True
     """RED: include the batch-accuracy factor."""
+
+    # --- held-out evaluation -----------------------------------------------------------------------------
+    eval_questions: int = 100
+    """Held-out questions on which the trained model and the model it started from are scored (greedy, same env
+    settings as training) at the end of the run; 0 skips the evaluation."""
+    eval_split: str = "dev"
+    """Split of the held-out questions (never the training split)."""
+    eval_batch_size: int = 50
+    """Episodes per batched evaluation rollout."""
 
     # --- logging and checkpoints -------------------------------------------------------------------------
     save_every: int = 50
@@ -284,19 +300,22 @@ PRESETS: dict[str, dict[str, object]] = {
     "gpu": {},
     "cpu": {
         "preset": "cpu",
-        "steps": 8,
-        "questions_per_step": 2,
+        "steps": 400,
+        "max_train_minutes": 25.0,
+        "questions_per_step": 4,
         "group_size": 2,
+        "tie_probe_questions": 1,
         "top_k": 3,
         "max_passage_words": 40,
         "max_new_tokens": 64,
         "max_context_tokens": 2048,
-        "sft_batch_size": 2,
-        "sft_num_demos": 256,
-        "lr": 5e-6,
+        "sft_batch_size": 8,
+        "sft_num_demos": None,
+        "lr": 1e-4,
         "micro_batch_tokens": 4096,
-        "torch_threads": 1,
-        "save_every": 4,
+        "torch_threads": None,
+        "save_every": 5,
+        "eval_questions": 100,
     },
     "tiny": {
         "preset": "tiny",
@@ -319,6 +338,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "keep_checkpoints": 2,
         "wandb": False,
         "progress": False,
+        "eval_questions": 4,
+        "eval_batch_size": 4,
     },
 }
 """Each preset's changes to the dataclass defaults (gpu: none, the seed's defaults)."""

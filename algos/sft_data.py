@@ -3,7 +3,10 @@
 The demonstrations are `agents.oracle.OracleAgent` episodes played through the same env as the RL
 rollouts (same protocol, retriever, top_k, passage length and turn limits), so the SFT contexts look
 exactly like the ones the policy samples in, token for token (loss mask 1 on the oracle's turns).
-Only episodes the oracle answered correctly (F1 > 0) are kept.
+Only episodes the oracle answered correctly (F1 > 0) and that it could have played from its own context
+(``oracle_grounded``: copyable queries, the answer read from shown evidence) are kept, and yes/no answers
+are balanced (the larger class is cut to the size of the smaller), so the model learns neither a
+default answer nor queries it could not write.
 
 Where they come from, in order:
 
@@ -35,6 +38,9 @@ from algos.config import Config
 
 logger = logging.getLogger(__name__)
 
+ORACLE_VERSION = "grounded-4"
+"""Changes whenever the oracle's policy changes, so cached demonstrations of an older oracle are rebuilt."""
+
 __all__ = ["build_oracle_demonstrations", "demonstrations_cache_path", "load_demonstrations", "read_demonstrations"]
 
 
@@ -46,6 +52,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         "env_id": config.env_id,
         **config.env_kwargs,
         "num_demos": config.sft_num_demos,
+        "oracle": ORACLE_VERSION,
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -75,7 +82,7 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
     env_fns = [gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
     num_examples = env_fns[0].unwrapped.num_examples
     n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
-    agent = OracleAgent(tokenizer, seed=config.seed)
+    agent = OracleAgent(tokenizer, seed=config.seed, max_searches=config.max_search_turns)
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:
         for lo in range(0, n, batch_size):
@@ -111,12 +118,15 @@ def _generation_record(generation: Generation, trajectory: Trajectory) -> str:
             "role": generation.role,
             "index": trajectory.example_index,
             "f1": float(trajectory.info.get("f1", 0.0)),
+            "grounded": bool(trajectory.info.get("oracle_grounded", True)),
+            "answer": str(trajectory.info.get("answer") or ""),
         }
     )
 
 
 def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generation]:
-    """Read demonstrations of either format (see the module docstring), keeping only correct ones (F1 > 0).
+    """Read demonstrations of either format (see the module docstring), keeping only correct (F1 > 0) and
+    grounded ones, with yes/no answers balanced (episodes are kept whole; see the module docstring).
 
     Args:
         path: JSON-lines file.
@@ -125,22 +135,30 @@ def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generat
     Returns:
         The demonstrations' contexts; their ``sample_logprobs`` are 0 (they are not sampled).
     """
-    out: list[Generation] = []
+    episodes: dict[object, list[Generation]] = {}
+    answers: dict[object, str] = {}
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             record = json.loads(line)
-            if float(record.get("f1", 1.0)) <= 0:
+            if float(record.get("f1", 1.0)) <= 0 or not record.get("grounded", True):
                 continue
+            key = record.get("index", f"line{line_no}")
             if "token_ids" in record:
                 ids, mask = record["token_ids"], record["loss_mask"]
-                out.append(Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent")))
+                generation = Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent"))
+                episodes.setdefault(key, []).append(generation)
             elif "contexts" in record:
-                out.extend(_from_messages(context, tokenizer) for context in record["contexts"])
+                contexts = [_from_messages(context, tokenizer) for context in record["contexts"]]
+                episodes.setdefault(key, []).extend(contexts)
             else:
                 raise ValueError(f"{path}:{line_no}: neither token_ids/loss_mask nor contexts/messages")
-    return out
+            answers[key] = str(record.get("answer", "")).strip().lower()
+    by_answer = {a: [k for k in episodes if answers[k] == a] for a in ("yes", "no")}
+    keep = min(len(keys) for keys in by_answer.values())
+    dropped = {k for keys in by_answer.values() for k in keys[keep:]}
+    return [g for key, generations in episodes.items() if key not in dropped for g in generations]
 
 
 def _from_messages(context: dict[str, Any], tokenizer: Any) -> Generation:

@@ -173,6 +173,14 @@ class _TimedSampler(SamplerWrapper):
         return completions
 
 
+def rewards_tied(trajectories: Sequence[Any]) -> bool:
+    """Whether every GRPO group's episodes scored the same reward (so every group advantage is 0)."""
+    groups: dict[int, set[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, set()).add(float(t.reward))
+    return all(len(rewards) == 1 for rewards in groups.values())
+
+
 def _sync() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -201,8 +209,7 @@ class Trainer:
         self.config = config
         self.started = time.perf_counter()
         """When this process began setting up the run (the summary's process wall time)."""
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+        torch.set_num_threads(cpu_threads(config.torch_threads))
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
@@ -212,7 +219,7 @@ class Trainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.weighting = weighting if weighting is not None else make_weighting(config)
 
-        self.model, self.tokenizer = self._build_model()
+        self.model, self.tokenizer = self.build_model()
         self.ref_model = None
         if config.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -279,6 +286,10 @@ class Trainer:
         self.masked_head = self._check_masked_head()
         """Whether log-probs are computed at loss-mask positions only (see `masked_token_logprobs`)."""
         self.step = 0
+        self.last_step_tied = False
+        """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
+        self.stopped_early = False
+        """Whether the training-time budget ended the run before ``config.steps``."""
         self.elapsed = 0.0
         """Training seconds of earlier processes of this run (resumed runs)."""
         self.last_batch: TensorDict | None = None
@@ -333,7 +344,8 @@ class Trainer:
         return terms
 
     # --- setup -------------------------------------------------------------------------------------------
-    def _build_model(self) -> tuple[torch.nn.Module, Any]:
+    def build_model(self) -> tuple[torch.nn.Module, Any]:
+        """The run's starting model and tokenizer, on the training device (also the 'before' of the evaluation)."""
         from agents.models import load_model, tiny_model
 
         if self.config.model == "tiny":
@@ -379,9 +391,21 @@ class Trainer:
         self.weighting.load_state_dict(checkpoint.state["weighting"])
         self.collector.load_state_dict(checkpoint.state["collector"])
         self.step = checkpoint.step
+        self.last_step_tied = bool(checkpoint.state.get("last_step_tied", False))
         self.elapsed = float(checkpoint.state.get("elapsed", 0.0))
         saved = checkpoint.state.get("config", {})
-        ignore = {"resume", "steps", "save_every", "keep_checkpoints", "wandb", "progress", "torch_threads"}
+        ignore = {
+            "resume",
+            "steps",
+            "save_every",
+            "keep_checkpoints",
+            "wandb",
+            "progress",
+            "torch_threads",
+            "max_train_minutes",
+            "eval_questions",
+            "eval_batch_size",
+        }
         changed = {k: (saved.get(k), v) for k, v in dataclasses.asdict(self.config).items() if k not in ignore}
         changed = {k: pair for k, pair in changed.items() if k in saved and _jsonable(pair[0]) != _jsonable(pair[1])}
         if changed:
@@ -533,14 +557,16 @@ class Trainer:
         # rollouts: generation (sampler) vs everything else (env, retrieval, agent bookkeeping)
         self.policy.eval()
         self.sampler.seconds, self.sampler.tokens = 0.0, 0
+        probe = cfg.tie_probe_questions if self.last_step_tied else None
         with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            trajectories = self.collector.collect()
+            trajectories = self.collector.collect(probe)
         t_rollout = time.perf_counter() - step_start
 
         # old log-probs and the rule's weight, before the update
         start = time.perf_counter()
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
         batch, batch_metrics = self.make_batch(trajectories)
+        self.last_step_tied = rewards_tied(trajectories)
         _sync()
         t_old_logp = time.perf_counter() - start
         rl_entropy = float(entropy_estimate(batch["old_logp"], batch["loss_mask"]))
@@ -594,6 +620,7 @@ class Trainer:
                 "env/invalid_actions": _mean([float(i.get("invalid_actions", 0)) for i in infos]),
                 "env/answered": _mean([float(bool(i.get("answered", False))) for i in infos]),
                 "train/batch_accuracy": accuracy,
+                "train/questions": len({t.group_id for t in trajectories}),
                 "train/rl_entropy": rl_entropy,
                 "train/grad_norm": float(grad_norm),
                 "train/lr": self.optimizer.param_groups[0]["lr"],
@@ -656,6 +683,7 @@ class Trainer:
             "config": dataclasses.asdict(self.config),
             "weighting": self.weighting.state_dict(),
             "collector": self.collector.state_dict(),
+            "last_step_tied": self.last_step_tied,
             "elapsed": self.elapsed,
         }
         learner_tensors, learner_state = self.learner_state_dict()
@@ -700,10 +728,17 @@ class Trainer:
     def steps(self) -> Iterator[dict[str, float]]:
         """Run the remaining steps, checkpointing every ``save_every``; yield each step's metrics."""
         cfg = self.config
+        budget = math.inf if cfg.max_train_minutes is None else 60.0 * cfg.max_train_minutes
+        last_step = 0.0
         while self.step < cfg.steps:
+            if self.elapsed + last_step > budget:
+                logger.info("training-time budget of %.1f min reached at step %d", cfg.max_train_minutes, self.step)
+                self.stopped_early = True
+                break
             start = time.perf_counter()
             metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
-            self.elapsed += time.perf_counter() - start
+            last_step = time.perf_counter() - start
+            self.elapsed += last_step
             metrics["time/elapsed"] = self.elapsed
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 ckpt_start = time.perf_counter()
@@ -740,6 +775,12 @@ class Trainer:
         checkpoint = self.save()
         final = self.save_final_model()
         summary = self.summary(checkpoint, final)
+        if self.config.eval_questions > 0 and self.config.algo not in ("archer",) and not self.config.is_query_rewrite:
+            from algos.evaluation import before_after, plot_curves
+
+            summary["evaluation"] = before_after(self)
+            summary["curves"] = str(plot_curves(self.metrics_path, self.run_dir / "curves.png"))
+            summary["process_wall_time_s"] = time.perf_counter() - self.started
         print_summary(summary)
         return summary
 
@@ -752,6 +793,7 @@ class Trainer:
             "run": self.config.name,
             "algo": self.config.algo,
             "steps": self.step,
+            "stopped_early": self.stopped_early,
             "wall_time_s": self.elapsed,
             "process_wall_time_s": time.perf_counter() - self.started,
             "window": k,
@@ -773,6 +815,22 @@ class Trainer:
             self._wandb = None
 
 
+def cpu_threads(requested: int | None) -> int:
+    """CPU threads for torch: `requested`, or every core the load average leaves idle (at least one).
+
+    One thread per process beats several when the cores are contended (OpenMP threads spin-wait on each
+    other), while on an idle machine every core helps: the load average at start decides.
+    """
+    if requested:
+        return requested
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, cores - int(load + 0.5)))
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """Print a run summary as a table."""
     from rich.console import Console
@@ -780,7 +838,8 @@ def print_summary(summary: dict[str, Any]) -> None:
 
     k = summary["window"]
     table = Table(title=f"{summary['run']} ({summary['algo']})", show_header=False)
-    table.add_row("steps", str(summary["steps"]))
+    budget = " (training-time budget reached)" if summary.get("stopped_early") else ""
+    table.add_row("steps", f"{summary['steps']}{budget}")
     table.add_row("training time", f"{summary['wall_time_s']:.0f} s ({summary['wall_time_s'] / 60:.1f} min)")
     process = summary["process_wall_time_s"]
     table.add_row("this process (setup, steps, saving)", f"{process:.0f} s ({process / 60:.1f} min)")
@@ -790,7 +849,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row("checkpoint", summary["checkpoint"])
     table.add_row("final model", summary["final_model"])
     table.add_row("metrics", summary["metrics"])
-    Console().print(table)
+    if "curves" in summary:
+        table.add_row("learning curves", summary["curves"])
+    console = Console()
+    console.print(table)
+    if "evaluation" in summary:
+        console.print(summary["evaluation"]["table"], markup=False, highlight=False)
 
 
 def _jsonable(value: Any) -> Any:

@@ -15,7 +15,8 @@ Agents act greedily unless ``--temperature`` is set. ``--model`` is None or "smo
 SmolLM2-135M-Instruct), a local directory (e.g. a trained checkpoint) or a Hugging Face id. Scores come
 from `envs.rewards` only: the env's terminal info for env agents, the same functions for direct and rag.
 
-Per question: ``em``, ``f1``, ``format`` (graduated format score), ``num_searches`` (retrieval calls) and
+Per question: ``em``, ``f1``, ``answered`` (1 when the episode ended with a valid <answer>: the
+valid-answer rate), ``format`` (graduated format score), ``num_searches`` (retrieval calls) and
 ``invalid_actions`` (the share of the question's actions that were invalid; for direct and rag, 1 when the
 reply is not a valid <answer>). The table gives each one's mean and 95% t-interval over questions; ``--out``
 writes one JSON line per question. From Python (the algorithm comparison calls this):
@@ -39,7 +40,7 @@ from benchmarks.stats import Interval, mean_ci
 
 AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
 """Agent names `evaluate` accepts."""
-METRICS = ("em", "f1", "format", "num_searches", "invalid_actions")
+METRICS = ("em", "f1", "answered", "format", "num_searches", "invalid_actions")
 """Per-question metrics, in table order."""
 
 DIRECT_INSTRUCTIONS = (
@@ -67,6 +68,8 @@ def evaluate(
     max_new_tokens: int = 128,
     max_turns: int = 4,
     env_kwargs: dict[str, Any] | None = None,
+    max_context_tokens: int = 4096,
+    indices: Sequence[int] | None = None,
     out: str | os.PathLike | None = None,
     progress: bool = True,
     device: str | None = None,
@@ -86,8 +89,11 @@ def evaluate(
         temperature: sampling temperature; 0 is greedy.
         max_new_tokens: tokens per model turn (per reply for direct and rag).
         max_turns: turns per episode (flat), planner turns (coda); executors get `max_turns - 1`.
-        env_kwargs: more RAGEnv arguments (e.g. top_k, max_passage_words) for the env agents; rag uses their
-            top_k and max_passage_words too.
+        env_kwargs: more RAGEnv arguments (e.g. top_k, max_passage_words) for the env agents, applied over the
+            ones built from `split` and `max_turns` (a trainer passes its whole env settings here, so a model
+            is scored in exactly the env it trained in); rag uses their top_k and max_passage_words too.
+        max_context_tokens: the agent's (and sampler's) context length, as in training.
+        indices: question indices to evaluate instead of the first `limit` (a held-out slice).
         out: write one JSON line per question here.
         progress: show a progress bar.
         device: torch device for the model (None: CUDA when available).
@@ -104,13 +110,18 @@ def evaluate(
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     examples = load_examples(dataset, split)
-    n = len(examples) if limit is None else min(limit, len(examples))
+    if indices is None:
+        indices = range(len(examples) if limit is None else min(limit, len(examples)))
+    indices = [int(i) for i in indices]
+    if any(not 0 <= i < len(examples) for i in indices):
+        raise ValueError(f"question indices must lie in [0, {len(examples)}) for {dataset} {split}")
+    n = len(indices)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
         predictions = _answer_directly(
             agent_name,
             model,
-            examples[:n],
+            [examples[i] for i in indices],
             dataset,
             batch,
             seed,
@@ -127,7 +138,7 @@ def evaluate(
             model,
             dataset,
             split,
-            n,
+            indices,
             batch,
             seed,
             temperature,
@@ -136,6 +147,7 @@ def evaluate(
             progress,
             device,
             env_kwargs or {},
+            max_context_tokens,
         )
     wall = time.perf_counter() - start
     metrics = {name: mean_ci([p[name] for p in predictions]) for name in METRICS}
@@ -166,7 +178,7 @@ def _model_name(model: Any) -> str:
     return str(model)
 
 
-def _load(model: Any, seed: int, device: str | None) -> Any:
+def _load(model: Any, seed: int, device: str | None, max_context: int | None = None) -> Any:
     """An `HFSampler` over `model` (a name, a path or a loaded `(model, tokenizer)` pair)."""
     from agents.models import load_model
     from agents.samplers import HFSampler
@@ -175,7 +187,7 @@ def _load(model: Any, seed: int, device: str | None) -> Any:
         lm, tokenizer = model
     else:
         lm, tokenizer = load_model(None if model in (None, "None", "none") else model, device=device)
-    return HFSampler(lm, tokenizer, seed=seed)
+    return HFSampler(lm, tokenizer, seed=seed, max_context=max_context)
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:
@@ -261,6 +273,7 @@ def _answer_directly(
                         "em": exact_match(answer, example.answers),
                         "f1": f1_score(answer, example.answers),
                         "format": format_score(parsed.used_tags, parsed.malformed_tags),
+                        "answered": float(valid),
                         "num_searches": 0 if retriever is None else 1,
                         "invalid_actions": 0.0 if valid else 1.0,
                         "retrieved_titles": titles,
@@ -277,7 +290,7 @@ def _run_agent(
     model: Any,
     dataset: str,
     split: str,
-    n: int,
+    question_indices: Sequence[int],
     batch: int,
     seed: int,
     temperature: float,
@@ -286,6 +299,7 @@ def _run_agent(
     progress: bool,
     device: str | None,
     extra_env_kwargs: dict[str, Any],
+    max_context_tokens: int = 4096,
 ) -> list[dict[str, Any]]:
     """search_r1, coda and oracle: batched episodes in the real env."""
     import gymnasium as gym
@@ -307,15 +321,18 @@ def _run_agent(
     else:
         from agents.search_agents import CodaAgent, SearchR1Agent
 
-        sampler = _load(model, seed, device)
+        sampler = _load(model, seed, device, max_context_tokens)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-        agent = (CodaAgent if agent_name == "coda" else SearchR1Agent)(sampler, params)
+        agent = (CodaAgent if agent_name == "coda" else SearchR1Agent)(
+            sampler, params, max_context_tokens=max_context_tokens
+        )
+    n = len(question_indices)
     env_list = [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(min(batch, n))]
     examples = env_list[0].unwrapped.examples
     predictions = []
     with _bar(n, agent_name, progress) as bar:
         for lo in range(0, n, batch):
-            indices = list(range(lo, min(lo + batch, n)))
+            indices = list(question_indices[lo : lo + batch])
             for trajectory in agent.rollout(env_list[: len(indices)], indices, seed=seed + lo):
                 info, example = trajectory.info, examples[trajectory.example_index]
                 actions = len(trajectory.actions)
@@ -329,12 +346,13 @@ def _run_agent(
                         "em": float(info["em"]),
                         "f1": float(info["f1"]),
                         "format": float(info["format"]),
+                        "answered": float(bool(info.get("answered", False))),
                         "num_searches": int(info["num_searches"]),
+                        "num_tasks": int(info.get("num_tasks", 0)),
                         "invalid_actions": info["invalid_actions"] / actions if actions else 0.0,
                         "invalid_count": int(info["invalid_actions"]),
                         "reward": trajectory.reward,
                         "recall": float(info.get("recall", 0.0)),
-                        "answered": bool(info.get("answered", False)),
                         "num_actions": actions,
                         "sampled_tokens": sum(g.num_sampled for g in trajectory.generations),
                         "sampler_errors": int(info.get("sampler_errors", 0)),

@@ -1,0 +1,173 @@
+"""What a training run ends with: the trained model and the model it started from, scored on held-out questions.
+
+Both models play ``config.eval_questions`` questions of ``config.eval_split`` greedily, in exactly the env the
+run trained in (`Config.env_kwargs` with only the split changed, the same turn limits, passage length,
+tokens per turn and context length), through `benchmarks.evaluate.evaluate`. The starting model's scores
+depend only on those settings, so they are cached (``cache_root()/eval/``) and computed once per settings.
+
+    result = before_after(trainer)          # {"before": ..., "after": ..., "table": "| model | ..."}
+    python -m algos.red_grpo                # prints the table; writes eval.json, eval.md and curves.png
+
+The table: EM and F1 with 95% t-intervals over questions, the valid-answer rate (episodes ended by a valid
+<answer>), searches per question, and for CoDA the planner's tasks per episode. ``curves.png`` plots reward,
+F1, valid-answer rate and the SFT weight per training step from metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from algos.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["before_after", "format_before_after", "held_out_settings", "plot_curves"]
+
+TABLE_METRICS = ("em", "f1", "answered", "num_searches", "num_tasks", "invalid_actions")
+"""Columns of the before/after table (num_tasks only for CoDA)."""
+_LABELS = {
+    "em": "EM",
+    "f1": "F1",
+    "answered": "valid answers",
+    "num_searches": "searches / question",
+    "num_tasks": "planner tasks / question",
+    "invalid_actions": "invalid actions",
+}
+
+
+def held_out_settings(config: Any) -> dict[str, Any]:
+    """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key."""
+    return {
+        "agent": "coda" if config.protocol == "coda" else "search_r1",
+        "env_kwargs": {**config.env_kwargs, "split": config.eval_split},
+        "questions": int(config.eval_questions),
+        "max_new_tokens": config.max_new_tokens,
+        "max_context_tokens": config.max_context_tokens,
+        "seed": 0,
+    }
+
+
+def _score(model: Any, tokenizer: Any, config: Any, label: str) -> dict[str, Any]:
+    from benchmarks.evaluate import evaluate
+
+    settings = held_out_settings(config)
+    result = evaluate(
+        settings["agent"],
+        (model, tokenizer),
+        split=config.eval_split,
+        limit=settings["questions"],
+        batch=config.eval_batch_size,
+        seed=settings["seed"],
+        temperature=0.0,
+        max_new_tokens=settings["max_new_tokens"],
+        env_kwargs=settings["env_kwargs"],
+        max_context_tokens=settings["max_context_tokens"],
+        progress=config.progress,
+    )
+    result["model"] = label
+    if settings["agent"] == "coda":
+        from benchmarks.stats import mean_ci
+
+        result["metrics"]["num_tasks"] = mean_ci([p["num_tasks"] for p in result["predictions"]]).as_dict()
+    return result
+
+
+def _starting_model_cache(config: Any) -> Path:
+    from retrievers.corpus import cache_root
+
+    key = {"model": config.model or "smollm2-135m", "seed": config.seed, **held_out_settings(config)}
+    if config.model == "tiny":
+        key["max_context"] = config.max_context_tokens  # the tiny model's weights depend on it
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "eval" / f"start-{digest}.json"
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, ensure_ascii=False)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def before_after(trainer: Trainer) -> dict[str, Any]:
+    """Score the trainer's current model and the model it started from on the held-out questions.
+
+    Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the table) into the
+    run directory.
+
+    Returns:
+        ``{"before", "after", "table", "settings"}``; before and after are `benchmarks.evaluate.evaluate`
+        results (``metrics[name]`` is ``{"mean", "low", "high", "n"}``).
+    """
+    config = trainer.config
+    cache = _starting_model_cache(config)
+    if cache.is_file():
+        before = json.loads(cache.read_text())
+        logger.info("starting model's held-out scores from %s", cache)
+    else:
+        start_model, tokenizer = trainer.build_model()
+        before = _score(start_model, tokenizer, config, "start")
+        del start_model
+        _write_json(cache, before)
+    after = _score(trainer.policy, trainer.tokenizer, config, "trained")
+    table = format_before_after(before, after, config)
+    result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
+    _write_json(trainer.run_dir / "eval.json", result)
+    (trainer.run_dir / "eval.md").write_text(table + "\n", encoding="utf-8")
+    return result
+
+
+def format_before_after(before: dict[str, Any], after: dict[str, Any], config: Any) -> str:
+    """The before/after table in Markdown: one row per model, mean [95% CI] per metric."""
+    from benchmarks.stats import Interval
+
+    names = [m for m in TABLE_METRICS if m in after["metrics"] and m in before["metrics"]]
+    lines = [
+        f"Held-out: {after['n']} {config.eval_split} questions, greedy, {held_out_settings(config)['agent']} agent, "
+        "training env settings.",
+        "",
+        "| model | " + " | ".join(_LABELS[m] for m in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, result in (("before (start)", before), ("after (trained)", after)):
+        cells = [Interval(**result["metrics"][m]).format(2 if m.startswith("num_") else 3) for m in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(metrics_path: Path, out: Path) -> Path | None:
+    """curves.png: reward, answer F1, valid-answer rate and SFT weight per step (None when nothing to plot)."""
+    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("critic/rewards/mean", "reward"),
+        ("answer_f1/mean", "answer F1 (rollouts)"),
+        ("env/answered", "valid answers (rollouts)"),
+        ("sft/weight", "SFT weight (RED w)"),
+    ]
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker=".", linewidth=1)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

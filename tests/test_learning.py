@@ -1,0 +1,135 @@
+"""Learning that can be seen: the tiny model learns demonstrations through the real trainer, and a run ends by
+scoring the trained model and its starting model on held-out questions in the env it trained in."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gymnasium as gym
+import pytest
+
+import envs  # noqa: F401  (registers the ids)
+from agents.records import SamplingParams
+from agents.samplers import HFSampler
+from agents.search_agents import SearchR1Agent
+from algos.config import preset_config
+from algos.sft_data import demonstrations_cache_path, read_demonstrations
+from algos.trainer import Trainer, cpu_threads, rewards_tied
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _greedy_first_actions(trainer: Trainer, indices: list[int]) -> list[dict]:
+    """The infos of each question's first step when the trainer's policy acts greedily in the training env."""
+    cfg = trainer.config
+    sampler = HFSampler(trainer.policy, trainer.tokenizer, max_context=cfg.max_context_tokens)
+    agent = SearchR1Agent(sampler, SamplingParams(max_new_tokens=64, temperature=0.0))
+    env_list = [gym.make(cfg.env_id, **cfg.env_kwargs) for _ in indices]
+    trajectories = agent.rollout(env_list, indices, seed=0)
+    infos = []
+    for env, trajectory in zip(env_list, trajectories, strict=True):  # replay the first action in a fresh episode
+        env.reset(options={"index": trajectory.example_index})
+        infos.append(env.step(trajectory.actions[0])[4])
+        env.close()
+    return infos
+
+
+def test_tiny_model_learns_its_demonstrations_and_acts_validly(tmp_path):
+    """SFT through `Trainer` takes the demonstrations' NLL from ~ln(vocab) below 0.2, and greedy replies to the
+    demonstrated questions turn from invalid text into valid actions in the real env."""
+    config = preset_config(
+        "tiny", algo="sft", run_dir=str(tmp_path / "run"), steps=40, lr=3e-3, sft_num_demos=16, sft_batch_size=4
+    )
+    trainer = Trainer(config)
+    try:
+        records = [json.loads(line) for line in demonstrations_cache_path(config, trainer.tokenizer).open()]
+        indices = sorted({r["index"] for r in records if r["grounded"] and r["f1"] > 0})
+        assert len(indices) == len(trainer.demos) >= 2
+        before = _greedy_first_actions(trainer, indices)
+        nll = [m["sft/nll"] for m in trainer.steps()]
+        after = _greedy_first_actions(trainer, indices)
+    finally:
+        trainer.close()
+    assert nll[0] > 5.0 and nll[-1] < 0.2, (nll[0], nll[-1])
+    assert all(info["invalid_action"] for info in before)
+    assert not any(info["invalid_action"] for info in after)
+    assert all(info["doc_ids"] for info in after)  # the demonstrations' first action: a search that ran
+
+
+def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("REDCODA_CACHE", str(tmp_path / "cache"))
+    config = preset_config("tiny", algo="red_grpo", run_dir=str(tmp_path / "run"), eval_questions=3)
+    trainer = Trainer(config)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    evaluation = summary["evaluation"]
+    assert evaluation["settings"]["env_kwargs"] == {**config.env_kwargs, "split": "dev"}
+    assert evaluation["settings"]["max_new_tokens"] == config.max_new_tokens
+    for label in ("before", "after"):
+        result = evaluation[label]
+        assert result["n"] == 3 and [p["index"] for p in result["predictions"]] == [0, 1, 2]
+        for name in ("em", "f1", "answered", "num_searches"):
+            interval = result["metrics"][name]
+            assert interval["low"] <= interval["mean"] <= interval["high"] and interval["n"] == 3
+        for prediction in result["predictions"]:  # the training env's turn limit, not the evaluator's default
+            assert prediction["num_actions"] <= config.max_turns
+    run = tmp_path / "run"
+    assert "before (start)" in (run / "eval.md").read_text() and "after (trained)" in evaluation["table"]
+    assert json.loads((run / "eval.json").read_text())["after"]["n"] == 3
+    assert (run / "curves.png").stat().st_size > 1000
+    cached = list((tmp_path / "cache" / "eval").glob("start-*.json"))
+    assert len(cached) == 1  # the starting model's scores, reused by the next run with these settings
+    assert json.loads(cached[0].read_text())["metrics"] == evaluation["before"]["metrics"]
+
+
+def test_training_time_budget_stops_the_run_between_steps(tmp_path):
+    config = preset_config("tiny", algo="grpo", run_dir=str(tmp_path / "run"), steps=5, max_train_minutes=1e-9)
+    trainer = Trainer(config)
+    try:
+        done = list(trainer.steps())
+    finally:
+        trainer.close()
+    assert len(done) == 1 and trainer.stopped_early  # a step always runs; the next would pass the budget
+
+
+def test_tied_rollouts_shrink_the_next_batch_to_the_probe(tmp_path):
+    """The untrained tiny model never answers: every group ties at the no-answer reward, so after the first full
+    batch each step collects the probe's one question, and the step's metrics say so."""
+    config = preset_config(
+        "tiny", algo="red_grpo", run_dir=str(tmp_path / "run"), steps=3, questions_per_step=2, tie_probe_questions=1
+    )
+    trainer = Trainer(config)
+    try:
+        metrics = list(trainer.steps())
+        assert rewards_tied(trainer.collector.last_trajectories)
+    finally:
+        trainer.close()
+    assert [m["train/questions"] for m in metrics] == [2, 1, 1]
+    assert all(m["critic/rewards/min"] == m["critic/rewards/max"] for m in metrics)
+
+
+def test_demonstrations_keep_grounded_correct_episodes_with_balanced_yes_no(tmp_path):
+    from agents.models import smollm2_tokenizer
+
+    rows = [
+        {"index": 0, "f1": 1.0, "grounded": True, "answer": "Paris"},
+        {"index": 1, "f1": 1.0, "grounded": False, "answer": "Rome"},  # a query the model could not have written
+        {"index": 2, "f1": 0.0, "grounded": True, "answer": "Oslo"},  # wrong
+        {"index": 3, "f1": 1.0, "grounded": True, "answer": "yes"},
+        {"index": 4, "f1": 1.0, "grounded": True, "answer": "yes"},
+        {"index": 5, "f1": 1.0, "grounded": True, "answer": "no"},
+    ]
+    path = tmp_path / "demos.jsonl"
+    with path.open("w") as handle:
+        for row in rows:
+            handle.write(json.dumps({**row, "token_ids": [1, 2, 3 + row["index"]], "loss_mask": [0, 1, 1]}) + "\n")
+    kept = read_demonstrations(path, smollm2_tokenizer())
+    assert sorted(d.token_ids[-1] - 3 for d in kept) == [0, 3, 5]  # one yes dropped to match the single no
+
+
+def test_cpu_threads_follow_the_request_or_the_idle_cores():
+    assert cpu_threads(3) == 3
+    assert 1 <= cpu_threads(None) <= (os.cpu_count() or 1)
