@@ -72,13 +72,11 @@ BUDGETS = {
 }
 
 
-def _env_settings(preset: str, extra: Sequence[str]) -> dict[str, Any]:
-    """The trainer config the runs use: env settings for the evaluation must match them."""
-    import dataclasses
-
+def _run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
+    """The trainer config the runs use: the evaluation takes its env settings from it (one source)."""
     from algos.config import parse_config
 
-    return dataclasses.asdict(parse_config(["--preset", preset, *extra], algo="grpo"))
+    return parse_config(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
 
 
 def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) -> dict[str, Any]:
@@ -100,6 +98,8 @@ def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) ->
         protocol,
         "--run-dir",
         str(run_dir),
+        "--eval-questions",
+        "0",  # every final model is scored below, on the same questions, with the same settings
         *budget.train_args,
     ]
     if (run_dir / "checkpoints").exists():
@@ -120,33 +120,35 @@ def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) ->
     return summary
 
 
-def evaluate_run(
-    name: str, model: str | None, budget: Budget, protocol: str, settings: dict[str, Any], out_dir: Path
-) -> dict[str, Any]:
-    """Evaluate one model on the held-out questions (cached in out_dir/<name>.json)."""
+def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Path) -> dict[str, Any]:
+    """Evaluate one model on the held-out questions (cached in out_dir/<name>.json), in the runs' training env.
+
+    The env settings, tokens per turn and context length come from the runs' `Config` through
+    `algos.evaluation.held_out_settings`, the same function the trainer's own before/after evaluation uses.
+    """
+    import dataclasses
+
+    from algos.evaluation import held_out_settings
     from benchmarks.evaluate import evaluate
 
     target = out_dir / f"{name}.json"
     if target.exists():
         return json.loads(target.read_text())
+    settings = held_out_settings(dataclasses.replace(config, eval_questions=budget.eval_limit or 0))
     result = evaluate(
-        "coda" if protocol == "coda" else "search_r1",
+        settings["agent"],
         model,
         split="dev",
         limit=budget.eval_limit,
         batch=budget.eval_batch,
-        seed=0,
+        seed=settings["seed"],
         temperature=0.0,
         max_new_tokens=settings["max_new_tokens"],
-        max_turns=settings["max_search_turns"] + 1,
-        env_kwargs={
-            "top_k": settings["top_k"],
-            "max_passage_words": settings["max_passage_words"],
-            "corpus": settings["corpus"],
-            "retriever": None if settings["corpus"] == "distractor" else settings["retriever"],
-        },
+        env_kwargs=settings["env_kwargs"],
+        max_context_tokens=settings["max_context_tokens"],
         progress=True,
     )
+    result["settings"] = settings
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, ensure_ascii=False))
@@ -309,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             budget.eval_batch,
             (*budget.train_args, "--model", args.init_model),
         )
-    settings = _env_settings(budget.preset, budget.train_args)
+    config = _run_config(budget.preset, args.protocol, budget.train_args)
     start = time.perf_counter()
 
     run_dirs: dict[str, list[Path]] = {}
@@ -320,21 +322,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for seed in range(args.seeds):
             run_dir = out / "runs" / f"{algo}-seed{seed}"
             summary = train(algo, seed, budget, args.protocol, run_dir)
-            result = evaluate_run(
-                f"{algo}-seed{seed}", summary["final_model"], budget, args.protocol, settings, out / "evals"
-            )
+            result = evaluate_run(f"{algo}-seed{seed}", summary["final_model"], budget, config, out / "evals")
             run_dirs.setdefault(algo, []).append(run_dir)
             evals.append(result)
             summaries.append(summary)
             report_runs.append({**summary, "eval": result["metrics"]})
         rows.append(_row(algo, evals, summaries))
     if not args.no_baseline:
-        model: Any = settings["model"]
+        model: Any = config.model
         if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
             from agents.models import tiny_model
 
             model = tiny_model(seed=0)
-        base = evaluate_run("untrained", model, budget, args.protocol, settings, out / "evals")
+        base = evaluate_run("untrained", model, budget, config, out / "evals")
         rows.append(_row("start model, no RL (baseline)", [base], []))
 
     wall = time.perf_counter() - start
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         pass
     header = (
         f"Protocol: {args.protocol}; budget: {args.budget} ({budget.steps} steps of preset {budget.preset}); "
-        f"start model: {settings['model'] or 'SmolLM2-135M-Instruct'}; "
+        f"start model: {config.model or 'SmolLM2-135M-Instruct'}; "
         f"seeds: 0..{args.seeds - 1}; held-out: first {budget.eval_limit or 'all'} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
         f"Wall time of this invocation: {wall / 60:.1f} min."
