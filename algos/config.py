@@ -8,8 +8,11 @@ Presets name whole sets of defaults; flags given after them override single fiel
 
 - ``gpu``: the seed's training defaults (32 prompts per step, group size 2, 2 search turns, 480 steps,
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
-- ``cpu``: SmolLM2-135M-Instruct and the bundled data, sized to finish in about 15 minutes on 2 CPU
-  cores (few prompts per step, short passages, short turns; see benchmarks/README.md).
+- ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
+  not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
+  step at lr 1e-4; while every rollout group ties, a 1-question probe batch instead of 4 questions), then
+  the before/after evaluation on 100 dev questions; about 35 minutes from start to summary on an idle
+  machine (see benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
 
 With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:

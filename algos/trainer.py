@@ -761,17 +761,19 @@ class Trainer:
         """Run to ``config.steps``, save the final checkpoint and model, print and return a summary."""
         from tqdm.auto import tqdm
 
-        with tqdm(
-            total=self.config.steps,
-            initial=self.step,
-            desc=self.config.name,
-            unit="step",
-            disable=not self.config.progress,
-            dynamic_ncols=True,
-        ) as bar:
+        budget = self.config.max_train_minutes
+        bar_kwargs: dict[str, Any] = {"total": self.config.steps, "initial": self.step, "unit": "step"}
+        if budget is not None:  # the budget ends the run, so the bar counts training minutes, not steps
+            bar_kwargs = {
+                "total": budget,
+                "initial": self.elapsed / 60,
+                "unit": "min",
+                "bar_format": "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} training min {postfix}",
+            }
+        with tqdm(desc=self.config.name, disable=not self.config.progress, dynamic_ncols=True, **bar_kwargs) as bar:
             for metrics in self.steps():
-                bar.set_postfix(self.progress_fields(metrics), refresh=False)
-                bar.update(1)
+                bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
+                bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         checkpoint = self.save()
         final = self.save_final_model()
         summary = self.summary(checkpoint, final)
