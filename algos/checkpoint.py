@@ -51,6 +51,7 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "write_text_atomic",
 ]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -117,13 +118,15 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a fsynced temporary file: a crash leaves the old or the new text."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from the run's other readers
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -195,7 +198,7 @@ def save_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
+    write_text_atomic(root / LATEST_FILE, final.name + "\n")
     for old in _step_dirs(root)[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
