@@ -7,20 +7,25 @@ Layout under ``<run_dir>/checkpoints``:
         optimizer.pt          optimizer state dict
         rng.safetensors       torch CPU (and CUDA) generator states
         state.json            step, config, weighting (RED) state, collector state, Python/NumPy RNG states,
-                              and a manifest of the other files with their sizes; written last
+                              the metrics rows of the steps since the previous checkpoint, and a manifest of
+                              the other files with their sizes and SHA-256 digests; written last
     latest                    text file naming the newest complete checkpoint directory
 
 Atomicity: a checkpoint is written into a temporary sibling directory, every file is fsynced, then the
 directory is renamed into place (`os.replace`) and the parent directory fsynced; only then is ``latest``
 replaced, itself through a fsynced temporary file. A crash at any point leaves the previous checkpoint
 and the previous ``latest`` untouched; a leftover temporary directory is ignored and removed by the
-next save. Loading verifies the manifest and falls back to the newest complete checkpoint when
-``latest`` points at a missing or damaged one. Only the newest ``keep`` checkpoints are kept.
+next save. Loading verifies the manifest (every file's size and SHA-256, so a torn write and bytes
+damaged after the fact are both caught) and falls back to the newest complete checkpoint when ``latest``
+points at a missing or damaged one; `checkpoint_problem` says what is wrong with a damaged one. Only the
+newest ``keep`` checkpoints are kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -35,7 +40,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-__all__ = ["Checkpoint", "find_latest", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Checkpoint",
+    "checkpoint_problem",
+    "damaged_checkpoints",
+    "find_latest",
+    "load_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+    "write_text_atomic",
+]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "state.json"
@@ -96,13 +113,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a fsynced temporary file: a crash leaves the old or the new text."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from the run's other readers
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -158,7 +182,7 @@ def save_checkpoint(
         files = ["weights.safetensors", "optimizer.pt", "rng.safetensors"]
         for name in files:
             _fsync_file(tmp / name)
-        manifest = {name: (tmp / name).stat().st_size for name in files}
+        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files}
         payload = {"step": step, **dict(state), "rng": rng, "manifest": manifest}
         with open(tmp / STATE_FILE, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, indent=1, default=str)
@@ -174,7 +198,7 @@ def save_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
+    write_text_atomic(root / LATEST_FILE, final.name + "\n")
     for old in _step_dirs(root)[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -186,13 +210,54 @@ def _step_dirs(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _is_complete(path: Path) -> bool:
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """What makes a checkpoint directory unusable, or None when it is complete and undamaged.
+
+    Every file of the manifest must exist with its recorded size and SHA-256 digest (checkpoints written
+    before digests were recorded are checked by size only).
+
+    Args:
+        path: A ``step_*`` directory.
+
+    Returns:
+        A short reason (e.g. ``"optimizer.pt: SHA-256 mismatch"``), or None.
+    """
+    path = Path(path)
     try:
         with open(path / STATE_FILE, encoding="utf-8") as handle:
             manifest = json.load(handle)["manifest"]
-        return all((path / name).stat().st_size == size for name, size in manifest.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    except FileNotFoundError:
+        return f"{STATE_FILE} is missing (an unfinished save)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{STATE_FILE} is unreadable ({type(err).__name__})"
+    if not isinstance(manifest, dict):
+        return f"{STATE_FILE} holds no manifest"
+    for name, expected in manifest.items():
+        if not isinstance(expected, dict):  # written before digests were recorded: the size alone
+            expected = {"bytes": expected}
+        size, digest = expected.get("bytes"), expected.get("sha256")
+        try:
+            actual = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} is {actual} bytes, the manifest says {size}"
+        if digest is not None and _sha256(path / name) != digest:
+            return f"{name}: SHA-256 mismatch (damaged after it was written)"
+    return None
+
+
+def _is_complete(path: Path) -> bool:
+    return checkpoint_problem(path) is None
+
+
+def damaged_checkpoints(root: str | os.PathLike) -> dict[Path, str]:
+    """Every ``step_*`` directory under `root` that cannot be loaded, with what is wrong with it, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    found = {path: checkpoint_problem(path) for path in _step_dirs(root)}
+    return {path: problem for path, problem in found.items() if problem is not None}
 
 
 def find_latest(root: str | os.PathLike) -> Path | None:
@@ -204,14 +269,18 @@ def find_latest(root: str | os.PathLike) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
+    named = None
     try:
         named = root / (root / LATEST_FILE).read_text(encoding="utf-8").strip()
-        if named.name and _is_complete(named):
-            return named
     except OSError:
         pass
+    if named is not None and named.name:
+        problem = checkpoint_problem(named)
+        if problem is None:
+            return named
+        logger.warning("checkpoint %s is unusable (%s); looking for an older one", named, problem)
     for path in reversed(_step_dirs(root)):
-        if _is_complete(path):
+        if path != named and _is_complete(path):
             return path
     return None
 
@@ -226,8 +295,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         The `Checkpoint`; weights and optimizer state are on CPU.
     """
     path = Path(path)
-    if not _is_complete(path):
-        raise ValueError(f"{path} is not a complete checkpoint (missing or damaged files)")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ValueError(f"{path} is not a complete checkpoint: {problem}")
     with open(path / STATE_FILE, encoding="utf-8") as handle:
         state = json.load(handle)
     rng_tensors = load_file(str(path / "rng.safetensors"))

@@ -24,8 +24,10 @@ With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and `
 from __future__ import annotations
 
 import argparse
+import contextvars
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -90,6 +92,12 @@ class Config:
     """HotpotQA split the questions (and the oracle demonstrations) come from."""
     retriever: str = "bm25"
     """Retriever of the env: bm25, bm25-matrix, dense, hybrid, or a server URL (unused with corpus=distractor)."""
+    retriever_timeout: float = 30.0
+    """Server URL only: seconds allowed for each retrieval request."""
+    retriever_retries: int = 2
+    """Server URL only: retries of a failed retrieval request (a search waits at most timeout x (retries + 1))."""
+    max_retrieval_error_rate: float = 0.5
+    """Stop the run when more than this share of a step's searches failed (a dead or hung retriever; 1: never)."""
     corpus: Literal["pooled", "distractor"] = "pooled"
     """Env corpus setting: pooled (search the whole corpus) or distractor (each question's own paragraphs)."""
     top_k: int = 3
@@ -220,6 +228,26 @@ class Config:
     progress: bool = True
     """Show a progress bar."""
 
+    def __post_init__(self) -> None:
+        if _VALIDATE.get():
+            self.validate()
+
+    def validate(self) -> None:
+        """Refuse settings that cannot train (run by the constructor; `parse_config` turns it into a usage error).
+
+        Raises:
+            ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
+        """
+        for name, ok, rule in _RULES:
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
+        if self.algo in ("grpo", "grpo_sft", "red_grpo") and self.group_size < 2:
+            raise ValueError(
+                f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
+                "episodes of a group: with one episode every advantage is 0)"
+            )
+
     # --- derived -----------------------------------------------------------------------------------------
     @property
     def env_id(self) -> str:
@@ -246,12 +274,16 @@ class Config:
     @property
     def env_kwargs(self) -> dict[str, object]:
         """Arguments of `gym.make` besides the id (also the oracle's env, so demos match the RL contexts)."""
+        server = {}
+        if self.retriever.startswith(("http://", "https://")) and (self.is_query_rewrite or self.corpus == "pooled"):
+            server = {"retriever_timeout": self.retriever_timeout, "retriever_retries": self.retriever_retries}
         if self.is_query_rewrite:  # recall@k keeps the env's own k (5); top_k is the QA envs' passages per search
             return {
                 "split": self.split,
                 "retriever": self.retriever,
                 "max_passage_words": self.max_passage_words,
                 "action_format": self.query_action_format,
+                **server,
             }
         return {
             "split": self.split,
@@ -262,6 +294,7 @@ class Config:
             "max_turns": self.max_turns,
             "max_planner_turns": self.max_planner_turns,
             "max_executor_turns": self.max_executor_turns,
+            **server,
         }
 
     @property
@@ -390,6 +423,10 @@ def parse_config(
 
     Returns:
         The parsed, frozen `Config`.
+
+    Raises:
+        SystemExit: status 2, after a one-line message naming the flag, for settings that cannot train
+            (``--temperature 0``, ``--group-size 1`` with GRPO, ``--steps 0``, ...), as for any usage error.
     """
     import sys
 
@@ -397,4 +434,81 @@ def parse_config(
 
     args = list(sys.argv[1:] if argv is None else argv)
     base = preset_config(argv_preset(args), algo=algo, **defaults)
-    return tyro.cli(Config, default=base, args=args, description=description)
+    token = _VALIDATE.set(False)
+    try:
+        config = tyro.cli(Config, default=base, args=args, description=description)
+    finally:
+        _VALIDATE.reset(token)
+    try:
+        config.validate()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return config
+
+
+_VALIDATE: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)
+"""False while `parse_config` lets tyro build a Config, so that the checks run after, as a one-line usage error."""
+
+
+def _positive(value: float) -> bool:
+    return value > 0 and math.isfinite(value)
+
+
+def _at_least(low: float) -> Callable[[float], bool]:
+    return lambda value: value >= low
+
+
+def _within(low: float, high: float) -> Callable[[float], bool]:
+    return lambda value: low <= value <= high
+
+
+_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("steps", _at_least(1), ">= 1"),
+    ("torch_threads", _at_least(1), ">= 1"),
+    ("lora_rank", _at_least(1), ">= 1"),
+    ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("top_k", _at_least(1), ">= 1"),
+    ("max_passage_words", _at_least(1), ">= 1"),
+    ("max_search_turns", _at_least(1), ">= 1"),
+    ("max_planner_turns", _at_least(1), ">= 1"),
+    ("num_questions", _at_least(1), ">= 1"),
+    ("retriever_timeout", _positive, "> 0"),
+    ("retriever_retries", _at_least(0), ">= 0"),
+    ("max_retrieval_error_rate", _within(0, 1), "in [0, 1]"),
+    ("questions_per_step", _at_least(1), ">= 1"),
+    ("group_size", _at_least(1), ">= 1"),
+    ("max_new_tokens", _at_least(1), ">= 1"),
+    ("temperature", _positive, "> 0 (sampling divides the logits by it)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("max_context_tokens", _at_least(1), ">= 1"),
+    ("sampler_batch_size", _at_least(1), ">= 1"),
+    ("lr", _positive, "> 0"),
+    ("weight_decay", _at_least(0), ">= 0"),
+    ("grad_clip", _at_least(0), ">= 0 (0 disables clipping)"),
+    ("micro_batch_tokens", _at_least(1), ">= 1"),
+    ("update_epochs", _at_least(1), ">= 1"),
+    ("clip_eps", _positive, "> 0"),
+    ("clip_eps_high", _positive, "> 0"),
+    ("kl_coef", _at_least(0), ">= 0"),
+    ("gamma", _within(0, 1), "in [0, 1]"),
+    ("gae_lambda", _within(0, 1), "in [0, 1]"),
+    ("vf_coef", _at_least(0), ">= 0"),
+    ("value_lr", _positive, "> 0"),
+    ("vf_clip", _positive, "> 0"),
+    ("critic_lr", _positive, "> 0"),
+    ("critic_hidden", _at_least(1), ">= 1"),
+    ("critic_updates", _at_least(1), ">= 1"),
+    ("critic_batch_size", _at_least(1), ">= 1"),
+    ("replay_capacity", _at_least(1), ">= 1"),
+    ("target_update_every", _at_least(1), ">= 1"),
+    ("target_tau", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("sft_coef", _at_least(0), ">= 0"),
+    ("sft_batch_size", _at_least(1), ">= 1"),
+    ("sft_num_demos", _at_least(1), ">= 1"),
+    ("red_max_factor", _at_least(1), ">= 1"),
+    ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("save_every", _at_least(0), ">= 0 (0: only the final checkpoint)"),
+    ("keep_checkpoints", _at_least(1), ">= 1"),
+)
+"""Settings that cannot train, as (field, test its value must pass, the rule in words); None values pass."""

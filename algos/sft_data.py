@@ -35,6 +35,7 @@ from typing import Any
 
 from agents.records import Generation, Trajectory
 from algos.config import Config
+from envs.data import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -130,35 +131,61 @@ def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generat
 
     Args:
         path: JSON-lines file.
-        tokenizer: Tokenizes the chat format's messages (unused for the token format).
+        tokenizer: Tokenizes the chat format's messages; its vocabulary bounds the token format's ids.
 
     Returns:
         The demonstrations' contexts; their ``sample_logprobs`` are 0 (they are not sampled).
+
+    Raises:
+        DataError: a line that is not a demonstration of either format, naming the file, the line and the fault
+            (bad JSON, not an object, missing or mistyped fields, token ids outside the tokenizer's vocabulary).
     """
+    vocab = len(tokenizer)
     episodes: dict[object, list[Generation]] = {}
     answers: dict[object, str] = {}
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
-            if float(record.get("f1", 1.0)) <= 0 or not record.get("grounded", True):
-                continue
-            key = record.get("index", f"line{line_no}")
-            if "token_ids" in record:
-                ids, mask = record["token_ids"], record["loss_mask"]
-                generation = Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent"))
-                episodes.setdefault(key, []).append(generation)
-            elif "contexts" in record:
-                contexts = [_from_messages(context, tokenizer) for context in record["contexts"]]
-                episodes.setdefault(key, []).extend(contexts)
-            else:
-                raise ValueError(f"{path}:{line_no}: neither token_ids/loss_mask nor contexts/messages")
-            answers[key] = str(record.get("answer", "")).strip().lower()
+            where = f"{path}: line {line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg}, column {err.colno})") from err
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: expected a JSON object (one demonstration), got a {type(record).__name__}")
+            try:
+                if float(record.get("f1", 1.0)) <= 0 or not record.get("grounded", True):
+                    continue
+                key = record.get("index", f"line{line_no}")
+                if "token_ids" in record:
+                    ids, mask = record["token_ids"], record["loss_mask"]
+                    generation = Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent"))
+                    _check_ids(generation, vocab)
+                    episodes.setdefault(key, []).append(generation)
+                elif "contexts" in record:
+                    contexts = [_from_messages(context, tokenizer) for context in record["contexts"]]
+                    episodes.setdefault(key, []).extend(contexts)
+                else:
+                    raise DataError("neither token_ids/loss_mask nor contexts/messages")
+                answers[key] = str(record.get("answer", "")).strip().lower()
+            except KeyError as err:
+                raise DataError(f"{where}: the demonstration has no {err.args[0]!r} field") from err
+            except (DataError, TypeError, ValueError, AttributeError) as err:
+                raise DataError(f"{where}: {err}") from err
     by_answer = {a: [k for k in episodes if answers[k] == a] for a in ("yes", "no")}
     keep = min(len(keys) for keys in by_answer.values())
     dropped = {k for keys in by_answer.values() for k in keys[keep:]}
     return [g for key, generations in episodes.items() if key not in dropped for g in generations]
+
+
+def _check_ids(generation: Generation, vocab: int) -> None:
+    ids = generation.token_ids  # their count matches loss_mask's: Generation checks that
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise DataError("token_ids must be integers")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise DataError(f"token id {bad[0]} is outside the tokenizer's vocabulary of {vocab} ({len(bad)} such ids)")
 
 
 def _from_messages(context: dict[str, Any], tokenizer: Any) -> Generation:

@@ -38,6 +38,13 @@ Other learners reuse this loop by subclassing `Trainer` (`algos.ppo.PPOTrainer`,
 Outputs in the run directory: ``metrics.jsonl`` (one JSON object per step), ``checkpoints/`` (see
 `algos.checkpoint`), ``final/`` (a Hugging Face model directory, ``agents.models.load_model(path)``),
 and wandb's files (offline unless logged in; WANDB_MODE is respected).
+
+Faults stop the run rather than being averaged into it: a step in which more than
+``max_retrieval_error_rate`` of the searches failed (a dead or hung retrieval server) raises
+`TrainingStopped` before the update; ``--resume`` without a usable checkpoint raises it, naming the
+damaged checkpoints and changing nothing on disk. A checkpoint carries the metrics rows of its steps, so a
+run killed between a checkpoint and its metrics write gets them back on resume. The command line prints
+such errors, and settings or data files that cannot be used, as one line (exit status 1 or 2).
 """
 
 from __future__ import annotations
@@ -52,11 +59,12 @@ import os
 import random
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -66,18 +74,23 @@ from tensordict import TensorDict
 from agents.records import Completion, SamplingParams
 from agents.samplers import SamplerWrapper
 from algos.batch import answer_accuracy, collate_sft, collate_trajectories, token_logprobs, token_logprobs_and_entropy
-from algos.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from algos.checkpoint import damaged_checkpoints, find_latest, load_checkpoint, save_checkpoint, write_text_atomic
 from algos.config import AlgoName, Config, parse_config
 from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, sft_loss, total_loss
 from algos.sft_data import load_demonstrations, sample_indices
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
+from envs.data import DataError
 
 logger = logging.getLogger(__name__)
 
 _LEARNER_PREFIX = "learner/"
 """Checkpoint weight names of a learner's own tensors (value head, critic) start with this."""
 
-__all__ = ["Trainer", "main", "make_weighting", "masked_token_logprobs", "micro_batches"]
+__all__ = ["Trainer", "TrainingStopped", "main", "make_weighting", "masked_token_logprobs", "micro_batches"]
+
+
+class TrainingStopped(RuntimeError):
+    """A fault that stops the run (a failing retriever, no checkpoint to resume); the message says what to do."""
 
 
 def make_weighting(config: Config) -> SFTWeighting:
@@ -218,6 +231,7 @@ class Trainer:
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.weighting = weighting if weighting is not None else make_weighting(config)
+        self._resume_from = self._checkpoint_to_resume()
 
         self.model, self.tokenizer = self.build_model()
         self.ref_model = None
@@ -267,6 +281,12 @@ class Trainer:
             indices=None if config.num_questions is None else range(config.num_questions),
             seed=config.seed,
         )
+        env = self.collector.envs[0].unwrapped
+        if config.num_questions is not None and config.num_questions > env.num_examples:
+            raise DataError(
+                f"--num-questions {config.num_questions} is more than the {env.num_examples} questions of "
+                f"{getattr(env, 'data_file', None) or config.split}"
+            )
         self.demos = (
             load_demonstrations(config, self.tokenizer, max_tokens=max_context)
             if config.uses_sft and self.weighting.uses_sft
@@ -296,8 +316,13 @@ class Trainer:
         """The last step's RL batch (for benchmarks)."""
         self.last_micro_batches: list[list[int]] = []
         """Row indices of the last step's RL micro-batches that ran forward/backward."""
+        self._unsaved_metrics: list[dict[str, Any]] = []
+        """Metrics rows of the steps since the last checkpoint; the next checkpoint carries them."""
+        self._restored_metrics: list[dict[str, Any]] = []
         self._start_or_resume()
         self._wandb = self._init_wandb() if config.wandb else None
+        for row in self._restored_metrics:  # checkpointed rows a killed process never logged
+            self._log_wandb(row)
 
     # --- seams for other learners (algos.ppo, algos.archer); the GRPO family uses these defaults ----------
     def init_learner(self) -> None:
@@ -354,23 +379,41 @@ class Trainer:
         # float32 master weights; bf16 (when on) comes from autocast around each forward pass
         return load_model(self.config.model, dtype=torch.float32, device=self.device)
 
-    def _start_or_resume(self) -> None:
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The checkpoint ``--resume`` continues from (None for a new run); checked before anything is built.
+
+        Raises:
+            FileExistsError: a new run (no ``--resume``) in a directory that holds checkpoints.
+            TrainingStopped: ``--resume`` with no usable checkpoint (none, or all damaged: each is named).
+        """
         latest = find_latest(self.checkpoint_dir)
+        damaged = damaged_checkpoints(self.checkpoint_dir) if latest is None else {}
         if not self.config.resume:
-            if latest is not None:
+            if latest is not None or damaged:
                 raise FileExistsError(
                     f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
                     "or choose another --run-dir (or delete it)"
                 )
+            return None
+        if latest is None:  # like Hugging Face Trainer: resuming from nothing is an error, and nothing is touched
+            if damaged:
+                listing = "; ".join(f"{path.name}: {problem}" for path, problem in damaged.items())
+                raise TrainingStopped(
+                    f"--resume: no valid checkpoint in {self.checkpoint_dir} ({listing}); nothing was changed. "
+                    "Restore a checkpoint, or start a new run in another --run-dir"
+                )
+            raise TrainingStopped(
+                f"--resume: no checkpoint in {self.checkpoint_dir} to resume from; "
+                "drop --resume to start a new run (or check --run-dir)"
+            )
+        return latest
+
+    def _start_or_resume(self) -> None:
+        if self._resume_from is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
             return
-        if latest is None:
-            logger.warning("--resume: no checkpoint in %s; starting from step 0", self.checkpoint_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.metrics_path.write_text("")
-            return
-        self.load(latest)
+        self.load(self._resume_from)
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore the run from a checkpoint directory (weights, optimizer, RNGs, rule, data position)."""
@@ -410,14 +453,34 @@ class Trainer:
         changed = {k: pair for k, pair in changed.items() if k in saved and _jsonable(pair[0]) != _jsonable(pair[1])}
         if changed:
             logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
-        # metrics after the checkpoint were logged by the interrupted process; the resumed run redoes them
-        kept = []
+        self._restore_metrics(checkpoint.state.get("metrics", []))
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    def _restore_metrics(self, saved: list[dict[str, Any]]) -> None:
+        """Make metrics.jsonl hold exactly one row per step up to the checkpoint's, then rewrite it atomically.
+
+        Rows after the checkpoint were logged by the interrupted process and the resumed run redoes them;
+        rows the checkpoint carries but the file lacks (killed between the checkpoint and the metrics write)
+        are written back from the checkpoint; a torn last line is dropped.
+        """
+        rows: dict[int, str] = {}
         if self.metrics_path.is_file():
             for line in self.metrics_path.read_text().splitlines():
-                if line.strip() and json.loads(line).get("step", 0) <= self.step:
-                    kept.append(line)
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
-        logger.info("resumed from %s at step %d", path, self.step)
+                try:
+                    step = int(json.loads(line)["step"])
+                except (ValueError, KeyError, TypeError):
+                    if line.strip():
+                        logger.warning("%s: dropping a damaged line: %.80s", self.metrics_path, line)
+                    continue
+                if step <= self.step:
+                    rows.setdefault(step, line)
+        self._restored_metrics = [row for row in saved if row["step"] <= self.step and row["step"] not in rows]
+        for row in self._restored_metrics:
+            rows[int(row["step"])] = json.dumps(row)
+        if self._restored_metrics:
+            steps = [row["step"] for row in self._restored_metrics]
+            logger.info("%s lacked the rows of steps %s; written back from the checkpoint", self.metrics_path, steps)
+        write_text_atomic(self.metrics_path, "".join(rows[step] + "\n" for step in sorted(rows)))
 
     def _init_wandb(self) -> Any:
         try:
@@ -561,6 +624,8 @@ class Trainer:
         with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
             trajectories = self.collector.collect(probe)
         t_rollout = time.perf_counter() - step_start
+        infos = [t.info for t in trajectories]
+        retrieval_errors, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
 
         # old log-probs and the rule's weight, before the update
         start = time.perf_counter()
@@ -601,7 +666,6 @@ class Trainer:
         t_step = time.perf_counter() - step_start
         sampled = int(batch["loss_mask"].sum())
         trained = metrics.pop("tokens/trained_rl") + metrics.pop("tokens/trained_sft", 0)
-        infos = [t.info for t in trajectories]
         metrics.update(
             {
                 "step": self.step,
@@ -615,6 +679,8 @@ class Trainer:
                 "format_scores/mean": _mean([float(i.get("format", 0.0)) for i in infos]),
                 "refine_scores/mean": _mean([float(i.get("refine", 0.0)) for i in infos]),
                 "env/num_searches": _mean([float(i.get("num_searches", 0)) for i in infos]),
+                "env/retrieval_errors": retrieval_errors / max(len(infos), 1),
+                "env/retrieval_error_rate": retrieval_error_rate,
                 "env/recall": _mean([float(i.get("recall", 0.0)) for i in infos]),
                 **({"env/recall_at_k": _mean([i["recall_at_k"] for i in infos])} if cfg.is_query_rewrite else {}),
                 "env/invalid_actions": _mean([float(i.get("invalid_actions", 0)) for i in infos]),
@@ -639,6 +705,32 @@ class Trainer:
             }
         )
         return metrics
+
+    def check_retrieval(self, infos: Sequence[dict[str, Any]]) -> tuple[int, float]:
+        """Count the failed searches of a step's episodes; stop the run when too many failed.
+
+        Args:
+            infos: The episodes' terminal infos (``num_searches`` counts searches that returned results,
+                ``retrieval_errors`` those the retriever failed).
+
+        Returns:
+            (failed searches, their share of all searches).
+
+        Raises:
+            TrainingStopped: more than ``max_retrieval_error_rate`` of the searches failed: training on episodes
+                whose searches all said "Search failed" would teach the policy that searching is useless.
+        """
+        errors = sum(int(i.get("retrieval_errors", 0)) for i in infos)
+        searches = errors + sum(int(i.get("num_searches", 0)) for i in infos)
+        rate = errors / searches if searches else 0.0
+        if rate > self.config.max_retrieval_error_rate:
+            last = next((i["retrieval_error"] for i in reversed(infos) if i.get("retrieval_error")), "unknown")
+            raise TrainingStopped(
+                f"step {self.step + 1}: {errors} of {searches} searches failed ({rate:.0%}, over "
+                f"--max-retrieval-error-rate {self.config.max_retrieval_error_rate}); last failure: {last}. "
+                f"Check the retriever ({self.config.retriever}), then run again with --resume"
+            )
+        return errors, rate
 
     def sft_step(self) -> dict[str, float]:
         """One supervised step on oracle demonstrations alone: the warm start of ``python -m algos.sft``.
@@ -690,7 +782,8 @@ class Trainer:
         weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
         if learner_state:
             state["learner"] = learner_state
-        return save_checkpoint(
+        state["metrics"] = self._unsaved_metrics  # durable with the checkpoint, whatever happens to metrics.jsonl
+        path = save_checkpoint(
             self.checkpoint_dir,
             self.step,
             weights=weights,
@@ -698,6 +791,8 @@ class Trainer:
             state=state,
             keep=self.config.keep_checkpoints,
         )
+        self._unsaved_metrics = []
+        return path
 
     def save_final_model(self) -> Path:
         """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically."""
@@ -722,6 +817,9 @@ class Trainer:
         """Append to metrics.jsonl and send to wandb."""
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics) + "\n")
+        self._log_wandb(metrics)
+
+    def _log_wandb(self, metrics: dict[str, float]) -> None:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=int(metrics["step"]))
 
@@ -740,6 +838,7 @@ class Trainer:
             last_step = time.perf_counter() - start
             self.elapsed += last_step
             metrics["time/elapsed"] = self.elapsed
+            self._unsaved_metrics.append(metrics)
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 ckpt_start = time.perf_counter()
                 self.save()
@@ -891,12 +990,25 @@ def main(
         trainer_cls: The `Trainer` subclass to run (a learner with its own advantages and losses); None: Trainer.
         **defaults: The entry point's own defaults over the preset's (flags still override them).
     """
-    config = parse_config(argv, algo=algo, description=description, **defaults)
+    config = parse_config(argv, algo=algo, description=description, **defaults)  # bad settings: exits 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = (trainer_cls or Trainer)(config)
+    try:
+        trainer = (trainer_cls or Trainer)(config)
+    except (DataError, FileExistsError, FileNotFoundError) as err:  # a user's data or run directory
+        _exit_with(err, 2)
+    except (TrainingStopped, ConnectionError) as err:  # nothing to resume, no retrieval server
+        _exit_with(err, 1)
     try:
         return trainer.train()
+    except TrainingStopped as err:
+        _exit_with(err, 1)
     finally:
         trainer.close()
+
+
+def _exit_with(err: BaseException, status: int) -> NoReturn:
+    """Print a fault as one line (no traceback: the message says what to do) and exit with `status`."""
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(status) from None

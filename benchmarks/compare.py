@@ -102,7 +102,7 @@ def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) ->
         "0",  # every final model is scored below, on the same questions, with the same settings
         *budget.train_args,
     ]
-    if (run_dir / "checkpoints").exists():
+    if (run_dir / "checkpoints" / "latest").exists():  # a checkpoint was committed: continue from it
         cmd.append("--resume")
     start = time.perf_counter()
     print(f"[compare] {shlex.join(cmd)}", flush=True)
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 str(warm),
                 *budget.train_args,
             ]
-            if (warm / "checkpoints").exists():
+            if (warm / "checkpoints" / "latest").exists():
                 cmd.append("--resume")
             print(f"[compare] {shlex.join(cmd)}", flush=True)
             subprocess.run(cmd, check=True)

@@ -8,7 +8,7 @@ Importing this package registers the RedCoda-* ids and does nothing heavy (no JV
 
 from gymnasium.envs.registration import register, registry
 
-from envs.data import QAExample, load_examples
+from envs.data import DataError, QAExample, load_examples
 from envs.rewards import RewardWeights
 
 ENV_IDS = {
@@ -34,4 +34,4 @@ for _env_id, _entry_point in OTHER_ENV_IDS.items():
     if _env_id not in registry:
         register(id=_env_id, entry_point=_entry_point)
 
-__all__ = ["ENV_IDS", "OTHER_ENV_IDS", "QAExample", "RewardWeights", "load_examples"]
+__all__ = ["ENV_IDS", "OTHER_ENV_IDS", "DataError", "QAExample", "RewardWeights", "load_examples"]

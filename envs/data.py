@@ -14,6 +14,7 @@ Sources, in the order a researcher meets them:
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -88,27 +89,54 @@ def bundled_path(dataset: str, split: str) -> Path:
     return path
 
 
-def _read_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Rows of a JSON list file (official HotpotQA) or a JSON-lines file, gzip or not."""
+class DataError(ValueError):
+    """A data file that cannot be used: the message names the file, where in it (line or row) and what is wrong."""
+
+
+def _read_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each row of a JSON list file (official HotpotQA) or a JSON-lines file, gzip or not.
+
+    `where` is ``"line N"`` in a JSON-lines file and ``"row N"`` in a JSON list.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        DataError: the file is not valid JSON (truncated, binary, a malformed line).
+    """
     from retrievers.corpus import open_text
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no data file at {path}")
     lines = open_text(path)
-    first = next(lines, "")
-    if first.lstrip().startswith("["):  # a JSON list: the official HotpotQA release
-        rows = json.loads(first + "".join(lines))
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON list of questions")
-        yield from rows
-        return
-    for line_no, line in enumerate([first, *lines], 1):
-        if line.strip():
+    line_no = 0
+    try:
+        first = next(lines, "")
+        if first.lstrip().startswith("["):  # a JSON list: the official HotpotQA release
+            text = first + "".join(lines)
             try:
-                yield json.loads(line)
+                rows = json.loads(text)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
+                ends_early = err.pos >= len(text.rstrip()) - 1 or err.msg.startswith("Unterminated")
+                truncated = "; the file ends early (truncated?)" if ends_early else ""
+                raise DataError(
+                    f"{path}: line {err.lineno}, column {err.colno}: not valid JSON ({err.msg}){truncated}"
+                ) from err
+            if not isinstance(rows, list):
+                raise DataError(f"{path}: expected a JSON list of questions")
+            for n, row in enumerate(rows, 1):
+                yield f"row {n}", row
+            return
+        for line_no, line in enumerate(itertools.chain([first], lines), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}: line {line_no}: not valid JSON ({err.msg})") from err
+                yield f"line {line_no}", row
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # a truncated gzip stream, a binary file
+        raise DataError(
+            f"{path}: line {line_no + 1}: cannot be read ({type(err).__name__}: {err}); damaged or truncated?"
+        ) from err
 
 
 def _context(raw: Iterable) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -164,13 +192,17 @@ _PARSERS = {
 def _load_cached(dataset: str, path: str) -> tuple[QAExample, ...]:
     parse = _PARSERS[dataset]
     examples = []
-    for n, row in enumerate(_read_rows(path), 1):
+    for where, row in _read_rows(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: {where}: expected a JSON object (one question), got a {type(row).__name__}")
         try:
             examples.append(parse(row))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}: row {n} is not a {dataset} row ({err!r})") from err
+        except KeyError as err:
+            raise DataError(f"{path}: {where}: not a {dataset} row: it has no {err.args[0]!r} field") from err
+        except (TypeError, ValueError, AttributeError) as err:
+            raise DataError(f"{path}: {where}: not a {dataset} row ({type(err).__name__}: {err})") from err
     if not examples:
-        raise ValueError(f"{path} holds no questions")
+        raise DataError(f"{path} holds no questions")
     return tuple(examples)
 
 

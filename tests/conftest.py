@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,39 @@ def tiny():
     from agents.models import tiny_model
 
     return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """Serve apps with a real uvicorn server, each in a thread on a free 127.0.0.1 port.
+
+    Returns ``start(app) -> (url, stop)``; ``stop()`` shuts that server down (bounded wait), and servers still
+    running are stopped at the end of the session.
+    """
+    import uvicorn
+
+    stops = []
+
+    def start(app):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.05)
+
+        def stop() -> None:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+        stops.append(stop)
+        return f"http://127.0.0.1:{port}", stop
+
+    yield start
+    for stop in stops:
+        stop()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from algos.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from algos.checkpoint import checkpoint_problem, damaged_checkpoints, find_latest, load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,6 +85,43 @@ def test_damaged_or_missing_latest_falls_back(tmp_path):
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         load_checkpoint(tmp_path / "step_000002")
     assert find_latest(tmp_path / "nothing-here") is None
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "weights.safetensors", "rng.safetensors"])
+def test_same_size_random_bytes_are_caught_by_the_checksum(tmp_path, name):
+    """Bytes overwritten in place (same size) used to load silently; the manifest's SHA-256 catches them."""
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    target = tmp_path / "step_000002" / name
+    target.write_bytes(np.random.default_rng(0).bytes(target.stat().st_size))
+    assert checkpoint_problem(tmp_path / "step_000002") == f"{name}: SHA-256 mismatch (damaged after it was written)"
+    assert checkpoint_problem(tmp_path / "step_000001") is None
+    assert damaged_checkpoints(tmp_path) == {tmp_path / "step_000002": checkpoint_problem(tmp_path / "step_000002")}
+    assert find_latest(tmp_path).name == "step_000001"  # falls back, as for a truncated file
+    with pytest.raises(ValueError, match="SHA-256 mismatch"):
+        load_checkpoint(tmp_path / "step_000002")
+    assert torch.equal(load_checkpoint(find_latest(tmp_path)).weights["w"], torch.full((4, 3), 1.0))
+
+
+def test_damage_reports_say_what_is_wrong(tmp_path):
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    _save(tmp_path, 3)
+    (tmp_path / "step_000001" / "weights.safetensors").unlink()
+    (tmp_path / "step_000002" / "optimizer.pt").write_bytes(b"torn")
+    (tmp_path / "step_000003" / "state.json").write_text('{"step": 3, "manif')
+    assert {path.name: problem for path, problem in damaged_checkpoints(tmp_path).items()} == {
+        "step_000001": "weights.safetensors is missing",
+        "step_000002": f"optimizer.pt is 4 bytes, the manifest says {_size_in_manifest(tmp_path / 'step_000002')}",
+        "step_000003": "state.json is unreadable (JSONDecodeError)",
+    }
+    assert find_latest(tmp_path) is None
+
+
+def _size_in_manifest(path: Path) -> int:
+    import json
+
+    return json.loads((path / "state.json").read_text())["manifest"]["optimizer.pt"]["bytes"]
 
 
 _WRITER = """

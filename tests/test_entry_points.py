@@ -61,3 +61,80 @@ def test_help_lists_the_settings(capsys):
     text = capsys.readouterr().out
     for flag in ("--preset", "--steps", "--sft-coef", "--red-max-factor", "--resume", "--lora", "--kl-coef"):
         assert flag in text, flag
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--temperature", "0"], "--temperature must be > 0"),
+        (["--temperature", "-1"], "--temperature must be > 0"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--group-size", "1"], "--group-size must be >= 2 for red_grpo"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "-4"], "--steps must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--micro-batch-tokens", "0"], "--micro-batch-tokens must be >= 1"),
+        (["--save-every", "-1"], "--save-every must be >= 0"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
+        (["--clip-eps", "-0.2"], "--clip-eps must be > 0"),
+        (["--max-retrieval-error-rate", "1.5"], "--max-retrieval-error-rate must be in [0, 1]"),
+        (["--retriever-timeout", "0"], "--retriever-timeout must be > 0"),
+    ],
+)
+def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
+    from algos import red_grpo
+
+    with pytest.raises(SystemExit) as exit_info:
+        red_grpo.main(["--preset", "tiny", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_group_size_one_is_fine_without_groups():
+    """PPO and ArCHer use a value baseline, not group statistics: one episode per question is their default."""
+    from algos.config import preset_config
+
+    assert preset_config("tiny", algo="ppo", group_size=1).group_size == 1
+    with pytest.raises(ValueError, match="--group-size must be >= 2 for grpo"):
+        preset_config("tiny", algo="grpo", group_size=1)
+
+
+def test_user_mistakes_print_one_line_and_exit_2(tmp_path):
+    """In a fresh process: no traceback, one line that names the flag, exit status 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "algos.grpo", "--preset", "tiny", "--run-dir", str(tmp_path), "--temperature", "0"]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr == "error: --temperature must be > 0 (sampling divides the logits by it), got 0.0\n"
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _last_line(err: str) -> str:
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_data_and_run_directory_faults_are_one_line_errors(tmp_path, capsys):
+    from algos import grpo, grpo_sft
+
+    bad = tmp_path / "demos.jsonl"
+    bad.write_text('{"token_ids": [1, 2], "loss_mask": [0, 1], "f1": 1.0}\n[1, 2, 3]\n')
+    with pytest.raises(SystemExit) as exit_info:
+        grpo_sft.main(["--preset", "tiny", "--run-dir", str(tmp_path / "a"), "--sft-data", str(bad)])
+    assert exit_info.value.code == 2
+    assert (
+        _last_line(capsys.readouterr().err)
+        == f"error: {bad}: line 2: expected a JSON object (one demonstration), got a list"
+    )
+
+    with pytest.raises(SystemExit) as exit_info:
+        grpo.main(["--preset", "tiny", "--run-dir", str(tmp_path / "b"), "--num-questions", "100000"])
+    assert exit_info.value.code == 2
+    line = _last_line(capsys.readouterr().err)
+    assert line.startswith("error: --num-questions 100000 is more than the 1325 questions of ") and "train" in line
+
+    with pytest.raises(SystemExit) as exit_info:
+        grpo.main(["--preset", "tiny", "--run-dir", str(tmp_path / "c"), "--resume"])
+    assert exit_info.value.code == 1
+    assert "no checkpoint in" in _last_line(capsys.readouterr().err)

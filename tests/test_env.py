@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
 import envs
+from envs.rag_env import MAX_ERROR_CHARS
 from envs.rewards import RewardWeights, episode_reward
 
 MAX_REWARD = RewardWeights().maximum
@@ -252,3 +256,106 @@ def test_query_cache_is_shared_and_optional():
     assert uncached.unwrapped.retriever is not a.unwrapped.retriever
     uncached.reset(options={"index": 0})
     assert uncached.step("<search>Ed Wood director</search>")[0] == obs_b
+
+
+def test_reset_index_accepts_numpy_integers_and_rejects_other_types():
+    env = make()
+    assert env.reset(options={"index": np.int64(3)})[1]["index"] == 3
+    assert env.reset(options={"index": np.uint8(4)})[1]["index"] == 4
+    for bad in (True, False, 3.0, "3", np.float32(3)):
+        with pytest.raises(TypeError, match="must be an int"):
+            env.reset(options={"index": bad})
+    with pytest.raises(IndexError, match="out of range"):
+        env.reset(options={"index": np.int64(-1)})
+
+
+def test_error_observations_stay_short_whatever_the_action():
+    """With max_action_chars raised, a 3.6 MB action of repeated mistakes used to produce a 10 MB observation."""
+    env = make(max_action_chars=5_000_000)
+    env.reset(options={"index": 0})
+    for action in ("</search>" * 400_000, "<search>" * 200_000 + "</answer>" * 200_000, "<b>" + "x" * 3_000_000):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["invalid_action"] and "Invalid action" in obs
+        assert len(obs) <= MAX_ERROR_CHARS + 20 and len(info["error"]) <= MAX_ERROR_CHARS
+        assert env.observation_space.contains(obs)
+        env.reset(options={"index": 0})
+
+
+def test_lone_surrogate_in_a_query_is_cleaned_not_a_failed_search():
+    env = make()
+    env.reset(options={"index": 0})
+    obs, *_, info = env.step("<search>Ed Wood\ud800 film</search>")
+    assert "retrieval_error" not in info and "Search failed" not in obs
+    env.reset(options={"index": 0})
+    assert env.step("<search>Ed Wood film</search>")[0] == obs
+    env.step("<answer>x</answer>")
+
+
+def test_settings_that_cannot_work_are_refused_at_construction():
+    for kwargs in ({"max_action_chars": 0}, {"max_action_chars": -5}, {"top_k": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            make(**kwargs)
+    with pytest.raises(ValueError, match="retriever_timeout"):
+        make(retriever_timeout=0)
+    with pytest.raises(ValueError, match="retriever_retries"):
+        make(retriever_retries=-1)
+
+
+def test_a_dead_server_is_counted_not_searched(bm25, serve_app):
+    """Failed searches are retrieval_errors, not searches; the terminal info says what failed."""
+    from retrievers.server import create_app
+
+    url, stop = serve_app(create_app(bm25))
+    env = make(retriever=url, retriever_timeout=5, retriever_retries=0)
+    env.reset(options={"index": 0})
+    obs, *_, info = env.step("<search>Ed Wood</search>")
+    assert "<information>Doc 1" in obs
+    stop()  # the server dies mid-episode
+    obs, *_, info = env.step("<search>Tim Burton</search>")
+    assert "Search failed (ConnectionError)" in obs and "retrieval server" in info["retrieval_error"]
+    *_, terminated, _, info = env.step("<answer>x</answer>")
+    assert terminated and info["num_searches"] == 1 and info["retrieval_errors"] == 1
+    assert "ConnectError" in info["retrieval_error"]
+
+
+def test_a_hung_server_times_out_as_the_env_arguments_say(serve_app):
+    """A server that answers /health but never /retrieve: each search waits timeout x (retries + 1), then fails."""
+    import threading
+
+    from fastapi import FastAPI
+
+    release = threading.Event()
+    app = FastAPI()
+    app.get("/health")(lambda: {"status": "ok"})
+    app.post("/retrieve")(lambda: release.wait(30))
+    url, stop = serve_app(app)
+    try:
+        env = make(retriever=url, retriever_timeout=0.2, retriever_retries=1)
+        assert (env.unwrapped.retriever.timeout, env.unwrapped.retriever.retries) == (0.2, 1)
+        env.reset(options={"index": 0})
+        obs, *_, info = env.step("<search>Ed Wood</search>")
+        assert "Search failed" in obs and "failed 2 time(s)" in info["retrieval_error"]
+        assert "ReadTimeout" in info["retrieval_error"]
+    finally:
+        release.set()
+        stop()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (lambda rows: json.dumps(rows)[:-200], r"line 1, column \d+: not valid JSON .*truncated"),
+        (lambda rows: json.dumps(rows[0]) + "\n{not json\n", "line 2: not valid JSON"),
+        (lambda rows: json.dumps(rows[0]) + "\n\n[1, 2]\n", "line 3: expected a JSON object"),
+        (lambda rows: json.dumps({k: v for k, v in rows[0].items() if k != "question"}), "line 1: .*no 'question'"),
+    ],
+)
+def test_bad_data_files_name_the_file_the_line_and_the_fault(tmp_path, content, message):
+    from envs.data import DataError, bundled_path
+    from retrievers.corpus import open_text
+
+    rows = [json.loads(line) for line, _ in zip(open_text(bundled_path("hotpotqa", "dev")), range(3), strict=False)]
+    path = tmp_path / "hotpot_dev.json"
+    path.write_text(content(rows))
+    with pytest.raises(DataError, match=f"{re.escape(str(path))}: {message}"):
+        make(data_path=str(path))

@@ -77,6 +77,14 @@ def test_huge_action_is_rejected_without_parsing():
     assert not parsed.valid and "over the limit" in parsed.error
 
 
+def test_a_repeated_mistake_is_said_once_and_the_list_is_bounded():
+    parsed = parse_action("</search>" * 10_000, "agent", max_chars=1 << 20)
+    assert parsed.error.count("</search> closes nothing") == 1
+    many = "".join(f"<{tag}>x</{tag}>" for tag in ("information", "result", "task")) + "</think></refine></answer>"
+    error = parse_action(many, "agent").error
+    assert "; and 1 more:" in error and len(error) < 500
+
+
 def test_unknown_role_is_misuse():
     with pytest.raises(ValueError):
         parse_action("<search>x</search>", "critic")

@@ -131,6 +131,7 @@ def test_a_failing_retriever_scores_zero_without_crashing(bm25):
     env.reset(options={"index": 0})
     obs, reward, terminated, _, info = env.step("<query>Ed Wood</query>")
     assert reward == 0.0 and terminated and "server down" in info["retrieval_error"] and "Search failed" in obs
+    assert info["retrieval_errors"] == 1 and info["num_searches"] == 0  # what the trainer counts
 
 
 def test_a_group_of_envs_shares_one_question_and_one_index():

@@ -9,10 +9,9 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -22,32 +21,16 @@ from retrievers.corpus import Corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = ROOT / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
+# 1,296 distinct two-character terms in 3,887 characters: under the server's 4,096-character query limit, over
+# Lucene's 1,024-clause limit (a few are stopwords, which the analyzer drops).
+_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+MANY_TERMS = " ".join(a + b for a in _ALNUM for b in _ALNUM)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def serve(app) -> Iterator[str]:
-    """Run `app` with uvicorn in a thread on a free loopback port; yield its URL; stop it (bounded)."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="session")
@@ -73,10 +56,10 @@ def bm25_small(small_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server_url(bm25_small) -> Iterator[str]:
+def server_url(bm25_small, serve_app) -> str:
     from retrievers.server import create_app
 
-    yield from serve(create_app(bm25_small, max_topk=20, max_batch=8))
+    return serve_app(create_app(bm25_small, max_topk=20, max_batch=8, max_hits=60))[0]
 
 
 def test_search_r1_request_shape(server_url, bm25_small, small_corpus):
@@ -144,16 +127,17 @@ def test_http_retriever_matches_the_index(server_url, bm25_small):
     client.close()
 
 
-def test_http_retriever_probes_servers_without_health(bm25_small):
+def test_http_retriever_probes_servers_without_health(bm25_small, serve_app):
     """Search-R1's own server has no /health: the client falls back to a one-query /retrieve probe."""
     from retrievers.http import HTTPRetriever
     from retrievers.server import create_app
 
     app = create_app(bm25_small)
     app.router.routes = [route for route in app.router.routes if getattr(route, "path", "") != "/health"]
-    for url in serve(app):
-        assert requests.get(f"{url}/health").status_code == 404
-        assert HTTPRetriever(url).search("Ed Wood", 1)[0].doc_id == bm25_small.search("Ed Wood", 1)[0].doc_id
+    url, stop = serve_app(app)
+    assert requests.get(f"{url}/health").status_code == 404
+    assert HTTPRetriever(url).search("Ed Wood", 1)[0].doc_id == bm25_small.search("Ed Wood", 1)[0].doc_id
+    stop()
 
 
 def test_http_retriever_fails_fast_with_a_hint():
@@ -163,6 +147,96 @@ def test_http_retriever_fails_fast_with_a_hint():
     with pytest.raises(ConnectionError, match="python -m retrievers.server"):
         HTTPRetriever(f"http://127.0.0.1:{free_port()}", timeout=2, retries=1, backoff=0.1)
     assert time.monotonic() - start < 10
+
+
+def test_lone_surrogate_is_cleaned_and_served(server_url, bm25_small):
+    """A query holding a lone UTF-16 surrogate (valid JSON, invalid Unicode) used to be a 500."""
+    body = b'{"queries": ["Ed Wood\\ud800 film Tim Burton"], "topk": 3, "return_scores": true}'
+    response = requests.post(f"{server_url}/retrieve", data=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    expected = [p.doc_id for p in bm25_small.search("Ed Wood film Tim Burton", 3)]
+    assert [hit["document"]["id"] for hit in response.json()["result"][0]] == expected
+    assert [p.doc_id for p in bm25_small.search("Ed Wood\ud800 film Tim Burton", 3)] == expected  # in process too
+
+    from retrievers.http import HTTPRetriever
+
+    client = HTTPRetriever(server_url, timeout=10, retries=0)
+    assert [p.doc_id for p in client.search("Ed Wood\ud800 film Tim Burton", 3)] == expected
+    client.close()
+
+
+def test_query_over_lucenes_clause_limit_is_a_4xx_with_a_message(server_url, bm25_small):
+    """Lucene refuses queries of more than 1,024 distinct terms ("queryCount = 1 is not equal to ...": a 500)."""
+    from retrievers.base import QueryError
+    from retrievers.http import HTTPRetriever
+
+    assert len(MANY_TERMS) <= 4096
+    response = requests.post(f"{server_url}/retrieve", json={"queries": ["Ed Wood", MANY_TERMS], "topk": 3})
+    assert response.status_code == 422
+    assert "query 1 has" in response.text and "distinct terms, over Lucene's limit of 1024" in response.text
+    with pytest.raises(QueryError, match="distinct terms"):
+        bm25_small.search(MANY_TERMS, 3)
+    client = HTTPRetriever(server_url, timeout=10, retries=2)
+    with pytest.raises(RuntimeError, match="distinct terms") as raised:
+        client.search(MANY_TERMS, 3)
+    assert "python -m retrievers.server" not in str(raised.value)  # the server is there: no "start one" hint
+    assert client.search("Ed Wood", 1)  # and it still serves
+    client.close()
+
+
+def test_chunked_body_over_the_limit_is_refused_while_reading(bm25_small, serve_app):
+    """A chunked body has no Content-Length: the limit must hold as the bytes arrive, not after the whole body."""
+    from retrievers.server import create_app
+
+    url, stop = serve_app(create_app(bm25_small, max_body_bytes=1024))
+    over = requests.post(f"{url}/retrieve", json={"queries": ["x" * 2000], "topk": 1})
+    assert over.status_code == 413 and "over 1024 bytes" in over.text  # Content-Length: refused before reading
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        head = (
+            "POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        chunk = b'{"queries": ["' + b"a" * 500
+        for piece in (chunk, b"a" * 512, b"a" * 512):
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        # the body never ends (no last chunk): only a server that counts as it reads can answer now
+        reply = b""
+        while b"}" not in reply and (piece := sock.recv(4096)):
+            reply += piece
+    reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 413") and "over 1024 bytes" in reply
+    stop()
+
+
+def test_passages_per_request_are_capped_and_the_client_splits_to_fit(server_url, bm25_small):
+    from retrievers.http import HTTPRetriever
+
+    queries = [f"{t} history" for t in bm25_small.corpus.titles[:8]]
+    response = requests.post(f"{server_url}/retrieve", json={"queries": queries, "topk": 20})
+    assert response.status_code == 413 and "20 x 8 = 160 passages, over the limit of 60" in response.text
+    assert requests.get(f"{server_url}/health").json()["max_hits"] == 60
+    client = HTTPRetriever(server_url, timeout=10, retries=0)
+    assert client.max_hits == 60 and client.max_batch == 8
+    remote = client.batch_search(queries, 20)  # 3 queries (60 passages) per request
+    assert [[p.doc_id for p in ps] for ps in remote] == [
+        [p.doc_id for p in ps] for ps in bm25_small.batch_search(queries, 20)
+    ]
+    client.close()
+
+
+def test_the_jvm_heap_is_bounded(bm25_small, monkeypatch):
+    from jnius import autoclass
+
+    from retrievers.bm25 import jvm_heap
+
+    heap = jvm_heap()
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    bound = int(heap.rstrip("kKmMgG")) * units.get(heap[-1].lower(), 1)
+    assert autoclass("java.lang.Runtime").getRuntime().maxMemory() <= bound
+    monkeypatch.setenv("REDCODA_JVM_HEAP", "lots")
+    with pytest.raises(ValueError, match="REDCODA_JVM_HEAP"):
+        jvm_heap()
 
 
 @pytest.mark.slow

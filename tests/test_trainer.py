@@ -149,3 +149,79 @@ def test_lora_trains_only_the_adapter_and_saves_a_merged_model(tmp_path):
     assert set(load_file(str(checkpoint / "weights.safetensors"))) == {n for n in before if "lora_" in n}
     merged, _ = load_model(final, device="cpu")
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25, serve_app):
+    """Searches that fail are counted and logged; past max_retrieval_error_rate the step stops the run."""
+    from agents.oracle import OracleAgent
+    from algos.trainer import TrainingStopped
+    from retrievers.server import create_app
+
+    url, stop = serve_app(create_app(bm25))
+    trainer = _trainer(tmp_path, "dead", algo="grpo", retriever=url, retriever_timeout=5, retriever_retries=0)
+    try:
+        assert trainer.collector.envs[0].unwrapped.retriever.retries == 0
+        trainer.collector.agent = OracleAgent(trainer.tokenizer)  # a policy that always searches
+        infos = [t.info for t in trainer.collector.collect()]
+        assert sum(i["num_searches"] for i in infos) > 0 and trainer.check_retrieval(infos) == (0, 0.0)
+        before = _params(trainer)
+        stop()  # the server dies mid-run
+        with pytest.raises(TrainingStopped, match=r"step 1: (\d+) of \1 searches failed \(100%.*ConnectError"):
+            trainer.train_step()
+        assert all(torch.equal(before[name], value) for name, value in _params(trainer).items())  # no update
+        infos = [t.info for t in trainer.collector.last_trajectories]
+        assert all(i["num_searches"] == 0 and i["retrieval_errors"] > 0 for i in infos)
+        trainer.config = dataclasses.replace(trainer.config, max_retrieval_error_rate=1.0)  # never stop
+        errors, rate = trainer.check_retrieval(infos)
+        assert errors == sum(i["retrieval_errors"] for i in infos) and rate == 1.0
+    finally:
+        trainer.close()
+    assert (tmp_path / "dead" / "metrics.jsonl").read_text() == ""
+
+
+def _snapshot(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_without_a_usable_checkpoint_is_an_error_that_changes_nothing(tmp_path):
+    from algos.trainer import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match="no checkpoint in .* drop --resume"):
+        _trainer(tmp_path, "empty", algo="grpo", resume=True)
+    assert not (tmp_path / "empty").exists()
+
+    trainer = _trainer(tmp_path, "run", algo="grpo", steps=2)
+    try:
+        list(trainer.steps())  # a checkpoint at step 1 (save_every 1), two metrics rows
+    finally:
+        trainer.close()
+    weights = tmp_path / "run" / "checkpoints" / "step_000001" / "weights.safetensors"
+    weights.write_bytes(np.random.default_rng(0).bytes(weights.stat().st_size))  # same size: only a checksum sees it
+    before = _snapshot(tmp_path / "run")
+    with pytest.raises(TrainingStopped, match=r"no valid checkpoint .*step_000001: weights.safetensors: SHA-256"):
+        _trainer(tmp_path, "run", algo="grpo", steps=2, resume=True)
+    assert _snapshot(tmp_path / "run") == before  # metrics.jsonl and the damaged checkpoint are as they were
+    with pytest.raises(FileExistsError, match="--resume"):  # and a new run does not overwrite it either
+        _trainer(tmp_path, "run", algo="grpo", steps=2)
+
+
+def test_a_metrics_row_lost_after_its_checkpoint_comes_back_on_resume(tmp_path):
+    """Killed between the checkpoint commit and the metrics write: the checkpoint carries the row."""
+    import json
+
+    trainer = _trainer(tmp_path, "run", algo="grpo", steps=2)
+    try:
+        first = next(trainer.steps())  # step 1: checkpoint, then its row
+    finally:
+        trainer.close()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss_p')  # the row never made it whole
+    resumed = _trainer(tmp_path, "run", algo="grpo", steps=2, resume=True)
+    try:
+        assert resumed.step == 1
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        assert rows == [{k: v for k, v in first.items() if k != "time/checkpoint"}]
+        list(resumed.steps())
+    finally:
+        resumed.close()
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]

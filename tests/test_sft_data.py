@@ -1,0 +1,53 @@
+"""Reading SFT demonstration files: good lines load, bad lines name the file, the line and the fault."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from algos.sft_data import read_demonstrations
+from envs.data import DataError
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny):
+    return tiny[1]
+
+
+def _write(tmp_path, *lines: str):
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+GOOD = json.dumps({"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "role": "agent", "f1": 1.0})
+
+
+def test_both_formats_load_and_wrong_answers_are_skipped(tmp_path, tokenizer):
+    chat = {"f1": 0.5, "contexts": [{"role": "agent", "messages": [{"role": "assistant", "content": "hello"}]}]}
+    wrong = json.dumps({"token_ids": [4], "loss_mask": [1], "f1": 0.0})
+    demos = read_demonstrations(_write(tmp_path, GOOD, "", json.dumps(chat), wrong), tokenizer)
+    assert [d.token_ids for d in demos[:1]] == [(1, 2, 3)] and len(demos) == 2
+    assert demos[1].token_ids == tuple(tokenizer("hello", add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize(
+    ("line", "fault"),
+    [
+        ('{"token_ids": [1, 2], "loss_mask": [0, 1', "not valid JSON"),
+        ("[1, 2, 3]", "expected a JSON object (one demonstration), got a list"),
+        (json.dumps({"token_ids": [1, 2, 10_000_000], "loss_mask": [0, 1, 1]}), "token id 10000000 is outside"),
+        (json.dumps({"token_ids": [1, -2], "loss_mask": [0, 1]}), "token id -2 is outside"),
+        (json.dumps({"token_ids": [1, 2], "loss_mask": [0]}), "token_ids, loss_mask and sample_logprobs must align"),
+        (json.dumps({"token_ids": [1, 2]}), "has no 'loss_mask' field"),
+        (json.dumps({"token_ids": ["a"], "loss_mask": [1]}), "token_ids must be integers"),
+        (json.dumps({"contexts": [{"messages": [{"content": "x"}]}]}), "has no 'role' field"),
+        (json.dumps({"f1": 1.0}), "neither token_ids/loss_mask nor contexts/messages"),
+    ],
+)
+def test_bad_lines_name_the_file_the_line_and_the_fault(tmp_path, tokenizer, line, fault):
+    path = _write(tmp_path, GOOD, "", line)
+    with pytest.raises(DataError, match=f"^{re.escape(str(path))}: line 3: .*{re.escape(fault)}"):
+        read_demonstrations(path, tokenizer)
