@@ -236,6 +236,12 @@ class HFSampler:
         """Tokens whose keys and values are kept for reuse now."""
         return self._store.tokens if self._store is not None else 0
 
+    @property
+    def cached_sequences(self) -> list[tuple[int, ...]]:
+        """The token ids of every sequence whose keys and values are kept now, least recently used first."""
+        entries = self._store.entries.values() if self._store is not None else ()
+        return [tuple(kept.tokens.tolist()) for kept in entries]
+
     def release(self, token_ids: Sequence[int]) -> None:
         """Forget the keys and values kept for a context that will not be extended again.
 
