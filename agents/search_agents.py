@@ -222,7 +222,8 @@ class ContextAgent:
 
     def _release(self, context: _Context) -> None:
         """Tell the context's sampler that it will not be extended again (if the sampler keeps state for it)."""
-        sampler = self.executor_sampler if context.role == "executor" else self.sampler
+        # subclasses that act without a sampler (the oracle) have none to tell
+        sampler = getattr(self, "executor_sampler" if context.role == "executor" else "sampler", None)
         release = getattr(sampler, "release", None)
         if callable(release):
             release(context.token_ids)
