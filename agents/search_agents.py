@@ -11,6 +11,11 @@ next (`info["role"]`); `info["new_context"]` opens a fresh context from `info["s
 the planner's context for the whole episode while each executor task starts in a fresh context that is
 closed (and forgotten) when its answer returns to the planner as <result>.
 
+A sampler that keeps per-context state between calls (the transformers sampler keeps each context's KV
+cache, so a turn prefills only what was appended) may offer `release(token_ids)`: the agent calls it when
+a context closes (an executor's task returned, an episode ended), and never for a planner that waits for
+its executor.
+
     agent = SearchR1Agent(HFSampler(*load_model()))
     trajectories = agent.rollout(envs, indices=[3, 3, 7, 7], group_ids=[0, 0, 1, 1])
 """
@@ -200,6 +205,7 @@ class ContextAgent:
             return
         if role != slot.context.role:  # the executor answered: close its context, resume the planner's
             slot.closed.append(slot.context.freeze())
+            self._release(slot.context)
             slot.context = slot.parked.pop()
         slot.context.add_prompt(self._tokenizer(role)(obs, add_special_tokens=False)["input_ids"])
         params = self.executor_params if role == "executor" else self.params
@@ -207,11 +213,20 @@ class ContextAgent:
             reward, info = slot.env.unwrapped.end_episode("the agent's context is full")
             self._finish(slot, reward, {**info, "context_overflow": True})
 
-    @staticmethod
-    def _finish(slot: _Slot, reward: float, info: dict[str, Any]) -> None:
+    def _finish(self, slot: _Slot, reward: float, info: dict[str, Any]) -> None:
         slot.closed.append(slot.context.freeze())
         slot.closed.extend(context.freeze() for context in reversed(slot.parked))
+        for context in (slot.context, *slot.parked):
+            self._release(context)
         slot.reward, slot.info, slot.done = reward, {**info, "sampler_errors": slot.sampler_errors}, True
+
+    def _release(self, context: _Context) -> None:
+        """Tell the context's sampler that it will not be extended again (if the sampler keeps state for it)."""
+        # subclasses that act without a sampler (the oracle) have none to tell
+        sampler = getattr(self, "executor_sampler" if context.role == "executor" else "sampler", None)
+        release = getattr(sampler, "release", None)
+        if callable(release):
+            release(context.token_ids)
 
 
 def _with_stop(params: SamplingParams) -> SamplingParams:

@@ -102,26 +102,37 @@ def make_weighting(config: Config) -> SFTWeighting:
     return RED(max_factor=config.red_max_factor, decay=config.red_decay, use_accuracy=config.red_use_accuracy)
 
 
-def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Split rows into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
+def micro_batches(lengths: Sequence[int], max_tokens: int, max_padding: float = 0.05) -> list[list[int]]:
+    """Split rows into micro-batches of at most `max_tokens` padded tokens (rows x longest row) whose padding is at
+    most `max_padding` of their padded tokens.
 
-    Rows are taken longest first, so rows of similar length share a micro-batch and padding stays small; a
-    row longer than `max_tokens` gets a micro-batch of its own.
+    Each micro-batch runs trimmed to its longest row (`Trainer._rows`), so its padding is what its shorter rows
+    lack; with every micro-batch under `max_padding`, so is the whole pass. Rows are taken longest first and a row
+    joins the current micro-batch while both bounds hold, else it starts the next one: rows of similar length
+    share a micro-batch, and a row longer than `max_tokens` gets one of its own. Lengths spread wider than
+    `max_padding` give more, smaller micro-batches (`max_padding=1` groups by the token budget alone).
 
     Args:
         lengths: Real (unpadded) length of each row.
         max_tokens: Budget of padded tokens per micro-batch.
+        max_padding: Largest share of a micro-batch's padded tokens that may be padding.
 
     Returns:
         Lists of row indices.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
+    padding = 0  # padding tokens of the current micro-batch
     for i in order:
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
-            out[-1].append(i)
-        else:
-            out.append([i])
+        if out:
+            longest, rows = lengths[out[-1][0]], len(out[-1]) + 1
+            extra = longest - lengths[i]
+            if rows * longest <= max_tokens and padding + extra <= max_padding * rows * longest:
+                out[-1].append(i)
+                padding += extra
+                continue
+        out.append([i])
+        padding = 0
     return out
 
 

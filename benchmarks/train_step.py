@@ -1,4 +1,5 @@
-"""Where a training step's time goes, and how close the trainer's forward/backward is to a bare one.
+"""Where a training step's time goes, how close the trainer's forward/backward is to a bare one and to the
+machine's matmul peak, and how much of it is padding.
 
 Runs the RED trainer (same flags as ``python -m algos.red_grpo``; default preset cpu without CUDA, gpu
 with it) for a warm-up step and one measured step, then times a bare forward + backward of the same
@@ -7,10 +8,18 @@ cross-entropy, backward; no masking, no loss terms). Prints the split of the mea
 checks against the targets:
 
 - env + retrieval (rollout time outside the sampler) <= 5% of the step;
-- the trainer's forward/backward tokens/s >= 0.8 x the bare forward/backward tokens/s.
+- the trainer's forward/backward tokens/s >= 0.8 x the bare forward/backward tokens/s;
+- padding <= 5% of the tokens through forward/backward (`algos.trainer.micro_batches` groups rows of
+  similar length), RL and SFT micro-batches alike; printed beside what the earlier grouping (longest
+  first, by the token budget alone: ``max_padding=1``) gives on the same lengths, for the two steps' RL
+  batches and for the SFT minibatches of the run's first 256 steps (real demonstration lengths);
+- the trainer's useful forward/backward FLOP/s (real tokens only, the LM head where the loss mask is,
+  `benchmarks.roofline.train_flops`) >= 0.5 of this machine's fp32 matmul peak, measured in the same run
+  (`benchmarks.roofline.matmul_peak`), for both groupings.
 
-The two forward/backward passes are timed alternately (``--repeats`` times each, after the measured
-step) and the best of each is compared, so a busy shared machine skews neither side.
+The forward/backward passes (bare; trainer; trainer with the earlier grouping) are timed alternately
+(``--repeats`` times each, after the measured step) and the best of each is compared, so a busy shared
+machine skews no side.
 
 Every RL context runs forward/backward here (``skip_zero_advantage`` off), so the measured step does
 the full work even when all rewards of a group tie.
@@ -24,22 +33,69 @@ the full work even when all rewards of a group tie.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+import algos.trainer
 from algos.config import parse_config
+from algos.sft_data import sample_indices
 from algos.trainer import Trainer, micro_batches
+from benchmarks.roofline import matmul_peak, train_flops
 
 ENV_SHARE_TARGET = 0.05
 FWD_BWD_RATIO_TARGET = 0.8
+PADDING_TARGET = 0.05
+PEAK_SHARE_TARGET = 0.5
+SFT_STEPS = 256
+"""SFT minibatches (steps 0..SFT_STEPS-1 of the run's seed) whose padding is measured."""
+
+
+def padding_share(lengths: Sequence[int], groups: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(padding tokens, padded tokens) of micro-batches that each run trimmed to their longest row."""
+    padded = sum(len(rows) * max(lengths[i] for i in rows) for rows in groups)
+    return padded - sum(lengths[i] for rows in groups for i in rows), padded
+
+
+def padding_of(batches: Sequence[Sequence[int]], max_tokens: int, max_padding: float) -> float:
+    """Share of padding over several batches' micro-batches (each batch given by its rows' real lengths)."""
+    pad = total = 0
+    for lengths in batches:
+        p, t = padding_share(lengths, micro_batches(lengths, max_tokens, max_padding))
+        pad, total = pad + p, total + t
+    return pad / max(total, 1)
+
+
+@contextmanager
+def earlier_grouping() -> Iterator[None]:
+    """Run the trainer with the earlier grouping (longest first, by the token budget alone) inside the block."""
+    current = algos.trainer.micro_batches
+    algos.trainer.micro_batches = functools.partial(current, max_padding=1.0)
+    try:
+        yield
+    finally:
+        algos.trainer.micro_batches = current
+
+
+def useful_flops(trainer: Trainer, batch: TensorDict, sft: TensorDict | None) -> float:
+    """FLOPs of the trainer's forward/backward counted on real tokens (LM head on loss-mask positions)."""
+    flops = 0.0
+    for part in (batch, sft):
+        if part is None:
+            continue
+        lengths = part["attention_mask"].sum(-1).tolist()
+        head = int(part["loss_mask"].sum()) if trainer.masked_head else None
+        flops += train_flops(trainer.policy, lengths, head)
+    return flops
 
 
 def bare_forward_backward(trainer: Trainer, batches: Sequence[tuple[TensorDict, list[list[int]]]]) -> tuple[float, int]:
@@ -115,20 +171,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     trainer = Trainer(config)
     try:
         trainer.train_step()  # warm-up: first-call allocations, lazy initialisation
+        rl_lengths = [trainer.last_batch["attention_mask"].sum(-1).tolist()]
         metrics = trainer.train_step()
         batch, sft = trainer.last_batch, None
+        rl_lengths.append(batch["attention_mask"].sum(-1).tolist())
         batches = [(batch, trainer.last_micro_batches)]
+        sft_lengths: list[list[int]] = []
         if "loss_sft" in metrics:
             sft = trainer.sft_minibatch(trainer.step - 1)
             batches.append((sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.micro_batch_tokens)))
+            demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
+            sft_lengths = [
+                [demo_lengths[i] for i in sample_indices(len(demo_lengths), config.sft_batch_size, config.seed, step)]
+                for step in range(SFT_STEPS)
+            ]
         sft_coef = metrics.get("sft/weight", 1.0) * config.sft_coef
-        # alternate bare and trainer passes on the same batch; best of each (the machine may be shared)
-        trainer_seconds, bare_seconds = [metrics["time/forward_backward"]], []
+        peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
+        # alternate bare and trainer passes (and the trainer with the earlier grouping) on the same batch;
+        # best of each (the machine may be shared)
+        trainer_seconds, bare_seconds, earlier_seconds = [metrics["time/forward_backward"]], [], []
         for _ in range(own.repeats):
             seconds, bare_tokens = bare_forward_backward(trainer, batches)
             bare_seconds.append(seconds)
             trainer_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+            with earlier_grouping():
+                earlier_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
         bare_seconds = min(bare_seconds)
+        flops = useful_flops(trainer, batch, sft)
     finally:
         trainer.close()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -138,6 +207,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     bare_tps = bare_tokens / bare_seconds
     env_share = metrics["time/env_and_retrieval"] / step
     ratio = trainer_tps / bare_tps
+    budget = config.micro_batch_tokens
+    padding = {
+        "rl": padding_of(rl_lengths, budget, 0.05),
+        "rl_earlier": padding_of(rl_lengths, budget, 1.0),
+        "sft": padding_of(sft_lengths, budget, 0.05),
+        "sft_earlier": padding_of(sft_lengths, budget, 1.0),
+    }
+    flops_share = None
+    if peak is not None:
+        flops_share = {
+            "trainer": flops / min(trainer_seconds) / peak,
+            "trainer_earlier_grouping": flops / min(earlier_seconds) / peak,
+        }
     result = {
         "device": str(trainer.device),
         "model": config.model or "SmolLM2-135M-Instruct",
@@ -155,6 +237,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "repeats": own.repeats,
         "env_share": env_share,
         "fwd_bwd_ratio": ratio,
+        "earlier_grouping_fwd_bwd_seconds": earlier_seconds,
+        "padding_share": padding,
+        "rl_lengths": rl_lengths,
+        "matmul_peak_flops": peak,
+        "useful_fwd_bwd_flops": flops,
+        "fwd_bwd_share_of_matmul_peak": flops_share,
     }
     print(
         f"train step on {result['device']}: {result['model']}, preset {config.preset}, "
@@ -184,6 +272,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"trainer / bare fwd+bwd tokens/s: {ratio:.2f} (target >= {FWD_BWD_RATIO_TARGET}: "
         f"{verdict(ratio >= FWD_BWD_RATIO_TARGET)})"
     )
+    for part, what in (("rl", "RL batches of the 2 steps"), ("sft", f"SFT minibatches of steps 0-{SFT_STEPS - 1}")):
+        share = padding[part]
+        print(
+            f"padding share of fwd/bwd tokens, {what}: {share:.1%} (earlier grouping: "
+            f"{padding[part + '_earlier']:.1%}; target <= {PADDING_TARGET:.0%}: {verdict(share <= PADDING_TARGET)})"
+        )
+    if flops_share is not None:
+        share = flops_share["trainer"]
+        print(
+            f"trainer fwd/bwd useful FLOP/s: {flops / min(trainer_seconds) / 1e9:.1f} GFLOP/s = {share:.2f} of the "
+            f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (target >= {PEAK_SHARE_TARGET}: "
+            f"{verdict(share >= PEAK_SHARE_TARGET)}); earlier grouping {flops_share['trainer_earlier_grouping']:.2f}"
+        )
     print(json.dumps(result))
     return result
 

@@ -9,6 +9,27 @@ Each call left-pads the prompts (sorted by length, in chunks of `max_batch_size`
 forward pass, then one forward pass per new token over the rows still alive, reusing the KV cache.
 Greedy output matches `model.generate(do_sample=False)` token for token, at about the same speed.
 
+Keys and values across calls (multi-turn contexts): a context only grows between turns (the agent appends
+the completion, an observation and the next turn's header), so re-encoding it every turn would spend most
+of a CPU's time on prefill. When a row finishes, the sampler keeps the keys and values of every token it
+fed for that row (prompt + completion, all but the last sampled token, which was never fed) with the token
+ids they belong to. A later prompt is matched against those sequences by longest common prefix: the row
+copies the matched keys and values into its batch row and prefills only the tokens after them. Rows with
+different reused lengths share one forward pass: reused keys and values are right-aligned in a padded
+past, the new tokens left-padded after it, the attention mask marks both kinds of padding, and position ids
+are explicit. The protocol is unchanged (prompts are plain token ids), so a prompt that was left-truncated,
+edited or written by a wrapper simply reuses what matches (or nothing). The result equals a full re-encode
+up to float rounding (tested: same tokens, log-probs within 1e-5).
+
+Memory policy: at most `cache_tokens` tokens are kept (least recently used sequences go first; a sequence
+longer than the budget is not kept). A kept sequence is dropped when a prompt extends it (the row's new,
+longer sequence replaces it) and when the agent calls `release(token_ids)` on a context that closed (a
+finished episode, an executor whose answer went back to its planner); a parked planner's sequence stays
+while its executor works. Every cached sequence is dropped when the weights change: a call first compares
+each parameter's identity and in-place version counter (an optimizer step, `load_state_dict` and a LoRA
+merge all bump it) and the autocast state with those of the last call. `cache_tokens=0` turns reuse off
+(every call then re-encodes its prompts, as a sampler without a cache does).
+
 Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
 times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
 The sampler leaves that process-wide choice to the caller.
@@ -17,10 +38,14 @@ The sampler leaves that process-wide choice to the caller.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from agents.records import Completion, SamplingParams
 from agents.samplers import cut_at_stop, overflow
@@ -28,6 +53,112 @@ from agents.samplers import cut_at_stop, overflow
 logger = logging.getLogger(__name__)
 
 _Row = tuple[int, list[int], int]  # (index in the call, prompt ids after truncation, max new tokens)
+
+DEFAULT_CACHE_TOKENS = 1 << 16
+"""Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
+per token in float32, so about 3 GB when full)."""
+
+
+@dataclass(eq=False)
+class _Kept:
+    """Keys and values of one token sequence fed from position 0: one (kv_heads, n, head_dim) pair per layer."""
+
+    tokens: np.ndarray  # (n,) int64
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+class _PrefixStore:
+    """Kept sequences under a token budget, least recently used out first, matched by longest common prefix."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.entries: OrderedDict[int, _Kept] = OrderedDict()
+        self.tokens = 0
+
+    def match(self, ids: np.ndarray) -> tuple[_Kept | None, int]:
+        """The kept sequence sharing the longest prefix with `ids`, and that prefix's length (0: none)."""
+        best, best_len = None, 0
+        for kept in self.entries.values():
+            n = min(len(kept.tokens), len(ids))
+            if n <= best_len or kept.tokens[0] != ids[0]:
+                continue
+            differ = np.flatnonzero(kept.tokens[:n] != ids[:n])
+            common = int(differ[0]) if differ.size else n
+            if common > best_len:
+                best, best_len = kept, common
+        if best is not None:
+            self.entries.move_to_end(id(best))
+        return best, best_len
+
+    def add(self, kept: _Kept) -> None:
+        if len(kept.tokens) > self.max_tokens:
+            return
+        self.entries[id(kept)] = kept
+        self.tokens += len(kept.tokens)
+        while self.tokens > self.max_tokens:
+            _, old = self.entries.popitem(last=False)
+            self.tokens -= len(old.tokens)
+
+    def discard(self, kept: _Kept) -> None:
+        if self.entries.pop(id(kept), None) is not None:
+            self.tokens -= len(kept.tokens)
+
+    def release(self, ids: np.ndarray) -> None:
+        """Drop every kept sequence that is a prefix of `ids`."""
+        for kept in [k for k in self.entries.values() if _is_prefix(k.tokens, ids)]:
+            self.discard(kept)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.tokens = 0
+
+
+def _is_prefix(head: np.ndarray, ids: np.ndarray) -> bool:
+    return len(head) <= len(ids) and bool(np.array_equal(head, ids[: len(head)]))
+
+
+class _AppendLayer(DynamicLayer):
+    """A `DynamicLayer` that writes new keys and values into reserved room instead of concatenating the whole
+    cache at every decode step (which reads and writes all of it, as much memory traffic per step as the
+    attention itself); `keys` and `values` are views of the filled part.
+
+    Args:
+        reserve: columns to allocate at the first update (the call's longest row: past + prompt + new tokens);
+            an update past the room grows it by half.
+    """
+
+    def __init__(self, reserve: int = 0) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self._keys: torch.Tensor | None = None  # (batch, kv_heads, room, head_dim)
+        self._values: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        used = 0 if self._keys is None else self.keys.shape[-2]
+        need = used + key_states.shape[-2]
+        if self._keys is None or need > self._keys.shape[-2]:
+            room = max(need + need // 2, self.reserve)
+            shape = (*key_states.shape[:-2], room, key_states.shape[-1])
+            keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
+            if used:
+                keys[..., :used, :] = self.keys
+                values[..., :used, :] = self.values
+            self._keys, self._values = keys, values
+        self._keys[..., used:need, :] = key_states
+        self._values[..., used:need, :] = value_states
+        self.keys, self.values = self._keys[..., :need, :], self._values[..., :need, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._keys is not None:
+            used = self.keys.shape[-2]
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
 class HFSampler:
@@ -49,6 +180,9 @@ class HFSampler:
         seed: seed of the sampler's random generator (a call's `SamplingParams.seed` reseeds it).
         stop_token_ids: token ids that end a completion; None means the generation config's EOS ids plus
             the tokenizer's EOS id.
+        cache_tokens: most tokens whose keys and values are kept between calls for prefix reuse (see the
+            module docstring); 0 turns reuse off. A model whose cache is not plain per-layer keys and
+            values (sliding-window or linear-attention layers) never reuses.
     """
 
     def __init__(
@@ -60,6 +194,7 @@ class HFSampler:
         max_batch_size: int = 64,
         seed: int = 0,
         stop_token_ids: Iterable[int] | None = None,
+        cache_tokens: int = DEFAULT_CACHE_TOKENS,
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -77,6 +212,14 @@ class HFSampler:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else next(iter(self.stop_token_ids), 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+        """Whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)."""
+        self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
+        self._weights_key: tuple | None = None
+        self.reused_tokens = 0
+        """Prompt tokens whose keys and values came from an earlier call (a running count)."""
+        self.prefilled_tokens = 0
+        """Prompt tokens run through a prefill forward pass (a running count)."""
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -87,6 +230,32 @@ class HFSampler:
     def max_context(self) -> int:
         """Most tokens (prompt + completion) one row may hold."""
         return self._max_context
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens whose keys and values are kept for reuse now."""
+        return self._store.tokens if self._store is not None else 0
+
+    @property
+    def cached_sequences(self) -> list[tuple[int, ...]]:
+        """The token ids of every sequence whose keys and values are kept now, least recently used first."""
+        entries = self._store.entries.values() if self._store is not None else ()
+        return [tuple(kept.tokens.tolist()) for kept in entries]
+
+    def release(self, token_ids: Sequence[int]) -> None:
+        """Forget the keys and values kept for a context that will not be extended again.
+
+        Agents call it when a context closes (its episode ended, or an executor's task returned). Every kept
+        sequence that is a prefix of `token_ids` goes; sequences of other contexts that only share a prefix
+        with it (the same instructions) stay.
+        """
+        if self._store is not None and len(token_ids):
+            self._store.release(np.asarray(token_ids, dtype=np.int64))
+
+    def clear_cache(self) -> None:
+        """Forget every kept sequence (done automatically when the model's weights change)."""
+        if self._store is not None:
+            self._store.clear()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (see the class docstring for what is returned).
@@ -102,6 +271,7 @@ class HFSampler:
         """
         if params.seed is not None:
             self._generator.manual_seed(params.seed)
+        self._check_weights()
         results: list[Completion | None] = [None] * len(prompts)
         rows: list[_Row] = []
         for i, prompt in enumerate(prompts):
@@ -144,6 +314,20 @@ class HFSampler:
             raise ValueError(f"token ids outside the vocabulary of {self.vocab_size}: {bad[:5]}")
         return ids
 
+    def _check_weights(self) -> None:
+        """Forget every kept sequence if a parameter or the autocast state changed since the last call."""
+        if self._store is None:
+            return
+        device = self.device.type
+        key = (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+            *((id(p), p._version) for p in self.model.parameters()),
+        )
+        if key != self._weights_key:
+            self._store.clear()
+            self._weights_key = key
+
     def _decode_alone(self, row: _Row, params: SamplingParams) -> Completion:
         try:
             return self._decode([row], params)[0]
@@ -154,15 +338,28 @@ class HFSampler:
     def _decode(self, rows: list[_Row], params: SamplingParams) -> list[Completion]:
         """Generate for a batch of valid rows; rows leave the batch (and the KV cache) as they finish."""
         n = len(rows)
-        width = max(len(ids) for _, ids, _ in rows)
+        matches = [self._match(ids) for _, ids, _ in rows]  # (kept sequence or None, its tokens reused)
+        past = max(m for _, m in matches)
+        fresh = [ids[m:] for (_, ids, _), (_, m) in zip(rows, matches, strict=True)]  # tokens to prefill
+        width = max(len(ids) for ids in fresh)
+        # batch row b: [pad | reused m_b] in the past, [pad | fresh_b] as input; positions continue from m_b
         input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for b, (_, ids, _) in enumerate(rows):
+        attention = torch.zeros((n, past + width), dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for b, (ids, (_, m)) in enumerate(zip(fresh, matches, strict=True)):
             input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[b, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (n, width): left padding shifts no position
+            attention[b, past - m : past] = 1
+            attention[b, past + width - len(ids) :] = 1
+            positions[b, width - len(ids) :] = torch.arange(m, m + len(ids))
+        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
         cache = DynamicCache(config=self.model.config)
+        if self._plain:
+            room = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
+            cache.layers = [_AppendLayer(room) for _ in cache.layers]
+        if past:
+            self._fill_past(cache, matches, past)
+        self.reused_tokens += sum(m for _, m in matches)
+        self.prefilled_tokens += sum(len(ids) for ids in fresh)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -187,6 +384,8 @@ class HFSampler:
                     reasons[b] = "stop"
                 elif len(tokens[b]) < rows[b][2]:
                     keep.append(j)
+                    continue
+                self._keep(cache, j, attention[j], rows[b][1] + tokens[b][:-1], matches[b])
             if not keep:
                 break
             if len(keep) < len(alive):
@@ -204,6 +403,53 @@ class HFSampler:
             )
             next_position = next_position + 1
         return [self._finish(tokens[b], logps[b], reasons[b], params) for b in range(n)]
+
+    def _match(self, ids: list[int]) -> tuple[_Kept | None, int]:
+        """The kept sequence a prompt reuses, and how many of its tokens: at most all but the prompt's last
+        token, whose logits the first sample needs."""
+        if self._store is None:
+            return None, 0
+        kept, common = self._store.match(np.asarray(ids, dtype=np.int64))
+        return kept, min(common, len(ids) - 1)
+
+    @staticmethod
+    def _fill_past(cache: DynamicCache, matches: list[tuple[_Kept | None, int]], past: int) -> None:
+        """Fill an empty cache with each row's reused keys and values, right-aligned in `past` columns."""
+        donor = next(kept for kept, m in matches if m)
+        for layer, like in enumerate(donor.keys):
+            keys = like.new_zeros((len(matches), like.shape[0], past, like.shape[-1]))  # (n, kv_heads, past, dim)
+            values = torch.zeros_like(keys)
+            for b, (kept, m) in enumerate(matches):
+                if m:
+                    keys[b, :, past - m :] = kept.keys[layer][:, :m]
+                    values[b, :, past - m :] = kept.values[layer][:, :m]
+            cache.update(keys, values, layer)
+
+    def _keep(
+        self,
+        cache: DynamicCache,
+        j: int,
+        attention: torch.Tensor,
+        fed: list[int],
+        match: tuple[_Kept | None, int],
+    ) -> None:
+        """Keep the keys and values of finished batch row `j` (its unpadded columns, one per token of `fed`);
+        they supersede the kept sequence the row reused if `fed` extends it."""
+        if self._store is None:
+            return
+        tokens = np.asarray(fed, dtype=np.int64)
+        if match[0] is not None and _is_prefix(match[0].tokens, tokens):
+            self._store.discard(match[0])
+        if len(fed) > self._store.max_tokens:
+            return
+        columns = attention.nonzero().squeeze(-1)  # (len(fed),)
+        self._store.add(
+            _Kept(
+                tokens,
+                [layer.keys[j].index_select(1, columns) for layer in cache.layers],
+                [layer.values[j].index_select(1, columns) for layer in cache.layers],
+            )
+        )
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob."""

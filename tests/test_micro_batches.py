@@ -1,0 +1,137 @@
+"""Micro-batches by length: padding stays under its cap, and the loss and gradients equal one padded batch's.
+
+The loss test runs the real trainer (tiny model, real env, real BM25 index) on one step's RL batch and SFT
+minibatch, once through `Trainer._rl_backward` / `_sft_backward` (grouped by `micro_batches`) and once as a
+single padded batch of every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from algos.batch import collate_trajectories
+from algos.config import preset_config
+from algos.losses import sft_loss, total_loss
+from algos.trainer import Trainer, micro_batches
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def padding(lengths, groups) -> tuple[int, int]:
+    """(padding tokens, padded tokens) when each micro-batch runs trimmed to its longest row."""
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    return padded - sum(lengths[i] for g in groups for i in g), padded
+
+
+def budget_only(lengths, max_tokens) -> list[list[int]]:
+    """The grouping by the token budget alone: longest first, a row joins while rows x longest fits."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+@pytest.mark.parametrize("max_tokens", [512, 4096, 16384])
+def test_every_micro_batch_is_within_the_padding_cap_and_the_budget(max_tokens):
+    rng = random.Random(max_tokens)
+    cases = [
+        [rng.randint(200, 3000) for _ in range(64)],  # RL contexts: prompts plus a few turns
+        [rng.choice([400, 401, 420, 800, 801]) for _ in range(40)],  # many ties and near-ties
+        [7, 5, 3000, 2999, 1],
+        [100],
+    ]
+    for lengths in cases:
+        groups = micro_batches(lengths, max_tokens)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            longest = max(lengths[i] for i in g)
+            assert len(g) == 1 or len(g) * longest <= max_tokens
+            pad, padded = padding(lengths, [g])
+            assert pad <= 0.05 * padded
+        assert micro_batches(lengths, max_tokens, max_padding=1.0) == budget_only(lengths, max_tokens)
+        pad, padded = padding(lengths, groups)
+        assert pad <= 0.05 * padded
+    lengths = cases[1]
+    assert max(len(g) for g in micro_batches(lengths, 16384)) > 1, "rows of equal length still share"
+
+
+def test_the_earlier_grouping_padded_more_on_spread_lengths():
+    rng = random.Random(0)
+    lengths = [rng.randint(300, 1500) for _ in range(8)]  # a few contexts of spread lengths, as a CPU step has
+    before, before_padded = padding(lengths, budget_only(lengths, 4096))
+    after, after_padded = padding(lengths, micro_batches(lengths, 4096))
+    assert after / after_padded <= 0.05 < before / before_padded
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    config = preset_config(
+        "tiny",
+        run_dir=str(tmp_path_factory.mktemp("micro") / "run"),
+        algo="grpo_sft",
+        skip_zero_advantage=False,
+        sft_batch_size=4,
+    )
+    trainer = Trainer(config)
+    yield trainer
+    trainer.close()
+
+
+def grads(trainer: Trainer) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in trainer.trainable if p.grad is not None])
+
+
+def test_rl_loss_and_gradients_equal_one_padded_batch(trainer):
+    trajectories = trainer.collector.collect()
+    adv = torch.linspace(-1.0, 1.0, len(trajectories))  # (B,): every context carries signal
+    batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id, adv=adv)
+    num_tokens = float(batch["loss_mask"].sum())
+    trainer.policy.train()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    padded = trainer._rows(batch, list(range(batch.batch_size[0])))  # one micro-batch, padded to the longest
+    terms = trainer.rl_loss_terms(padded, num_tokens)
+    total_loss(terms).backward()
+    reference, reference_loss = grads(trainer), float(terms["loss_pg"].detach())
+
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    config = trainer.config
+    for budget in (config.micro_batch_tokens, 2 * max(lengths)):  # the preset's budget, and about 2 rows each
+        trainer.config = dataclasses.replace(config, micro_batch_tokens=budget)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        metrics = trainer._rl_backward(batch)
+        pad, total = padding(lengths, trainer.last_micro_batches)
+        assert pad <= 0.05 * total
+        assert metrics["loss_pg"] == pytest.approx(reference_loss, abs=1e-6)
+        torch.testing.assert_close(grads(trainer), reference, rtol=1e-4, atol=1e-6)
+    assert len(trainer.last_micro_batches) > 1
+    trainer.config = config
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def test_sft_loss_and_gradients_equal_one_padded_batch(trainer):
+    sft = trainer.sft_minibatch(0)
+    lengths = sft["attention_mask"].sum(-1).tolist()
+    groups = micro_batches(lengths, trainer.config.micro_batch_tokens)
+    assert len(groups) > 1 and len(set(lengths)) > 1
+    num_tokens = float(sft["loss_mask"].sum())
+    coef = 0.7
+    trainer.policy.train()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    padded = trainer._rows(sft, list(range(len(lengths))))
+    logp, _ = trainer._logprobs(trainer.policy, padded, with_entropy=True)
+    nll = sft_loss(logp, padded["loss_mask"], num_tokens=num_tokens)
+    (coef * nll).backward()
+    reference = grads(trainer)
+
+    trainer.optimizer.zero_grad(set_to_none=True)
+    metrics = trainer._sft_backward(sft, coef)
+    assert metrics["loss_sft"] == pytest.approx(coef * float(nll.detach()), abs=1e-6)
+    torch.testing.assert_close(grads(trainer), reference, rtol=1e-4, atol=1e-6)
+    trainer.optimizer.zero_grad(set_to_none=True)
