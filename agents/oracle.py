@@ -102,7 +102,7 @@ class OracleAgent(ContextAgent):
     """
 
     def __init__(
-        self, tokenizer: Any, seed: int = 0, max_searches: int = 2, max_tasks: int = 2, quote_words: int = 20
+        self, tokenizer: Any, seed: int = 0, max_searches: int = 2, max_tasks: int = 2, quote_words: int = 12
     ) -> None:
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)

@@ -10,7 +10,7 @@ Presets name whole sets of defaults; flags given after them override single fiel
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step at lr 1e-4; while every rollout group ties, a 1-question probe batch instead of 4 questions), then
+  step at lr 1e-4; while every rollout group ties, a 1-question probe batch instead of 2 questions), then
   the before/after evaluation on 100 dev questions; about 35 minutes from start to summary on an idle
   machine (see benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
@@ -338,7 +338,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "preset": "cpu",
         "steps": 400,
         "max_train_minutes": 25.0,
-        "questions_per_step": 4,
+        "questions_per_step": 2,
         "group_size": 2,
         "tie_probe_questions": 1,
         "top_k": 3,

@@ -118,6 +118,8 @@ def test_rl_loss_and_gradients_equal_one_padded_batch(trainer):
 def test_sft_loss_and_gradients_equal_one_padded_batch(trainer):
     sft = trainer.sft_minibatch(0)
     lengths = sft["attention_mask"].sum(-1).tolist()
+    config = trainer.config
+    trainer.config = dataclasses.replace(config, micro_batch_tokens=max(lengths))  # rows of unequal length apart
     groups = micro_batches(lengths, trainer.config.micro_batch_tokens)
     assert len(groups) > 1 and len(set(lengths)) > 1
     num_tokens = float(sft["loss_mask"].sum())
@@ -134,4 +136,5 @@ def test_sft_loss_and_gradients_equal_one_padded_batch(trainer):
     metrics = trainer._sft_backward(sft, coef)
     assert metrics["loss_sft"] == pytest.approx(coef * float(nll.detach()), abs=1e-6)
     torch.testing.assert_close(grads(trainer), reference, rtol=1e-4, atol=1e-6)
+    trainer.config = config
     trainer.optimizer.zero_grad(set_to_none=True)
