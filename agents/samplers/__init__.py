@@ -13,7 +13,8 @@ Backends (imported lazily, so `import agents.samplers` loads neither torch nor v
 State across calls: a sampler may keep per-context state between calls (`HFSampler` keeps each context's
 KV cache, so a later turn prefills only the tokens appended since the last one) and then also offers
 `release(token_ids)`, which agents call when a context closes; the protocol itself stays `generate`, and
-results never depend on that state beyond float rounding (reuse equals a full re-encode). `SamplerWrapper` passes `release` on.
+results depend on that state only by float rounding (reuse equals a full re-encode). `SamplerWrapper`
+passes `release` on.
 
 Context overflow: a prompt is left-truncated so that prompt + `max_new_tokens` fits the sampler's
 `max_context` (at least one prompt token is kept). `overflow(len(prompt), params.max_new_tokens,
