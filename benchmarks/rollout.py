@@ -58,6 +58,15 @@ class CountingSampler(SamplerWrapper):
         return completions
 
 
+def sampling_steps(completions: Sequence[Completion], calls: Sequence[int]) -> int:
+    """Sampling steps of a run of generate calls: each call samples as many steps as its longest completion."""
+    steps, start = 0, 0
+    for rows in calls:
+        steps += max((len(c.token_ids) for c in completions[start : start + rows]), default=0)
+        start += rows
+    return steps
+
+
 def largest_logprob_gap(first: Sequence[Completion], second: Sequence[Completion]) -> float:
     """Largest absolute log-prob difference between two runs that sampled the same tokens (raises if not)."""
     gap = 0.0
@@ -121,12 +130,14 @@ def run(
             "seconds": seconds,
             "cpu_seconds": cpu,
             "calls": list(sampler.calls),
+            "steps": sampling_steps(sampler.completions, sampler.calls),
             "reused_prompt_tokens": sampler.inner.reused_tokens - reused,
             "prefilled_prompt_tokens": sampler.inner.prefilled_tokens - prefilled,
             "cached_tokens_after": sampler.inner.cached_tokens,
         }
         calls, recorded = list(sampler.calls), list(sampler.recorded)
         plain.calls, plain.sampled, plain.completions = [], 0, []
+        prefilled = plain.inner.prefilled_tokens
         start, cpu = time.perf_counter(), time.process_time()
         for call_prompts, call_params in recorded:
             plain.generate(call_prompts, call_params)
@@ -135,9 +146,12 @@ def run(
             "seconds": time.perf_counter() - start,
             "cpu_seconds": time.process_time() - cpu,
             "calls": calls,
+            "steps": sampling_steps(plain.completions, calls),
+            "prefilled_prompt_tokens": plain.inner.prefilled_tokens - prefilled,
         }
         replay["largest_logprob_gap"] = largest_logprob_gap(sampler.completions, plain.completions)
-        plain.calls, plain.sampled = [], 0
+        plain.calls, plain.sampled, plain.completions = [], 0, []
+        prefilled = plain.inner.prefilled_tokens
         start, cpu = time.perf_counter(), time.process_time()
         for i, rows in enumerate(calls):
             plain.generate(prompts[:rows], SamplingParams(**{**params.__dict__, "seed": seed + i}))
@@ -146,6 +160,8 @@ def run(
             "seconds": time.perf_counter() - start,
             "cpu_seconds": time.process_time() - cpu,
             "calls": calls,
+            "steps": sampling_steps(plain.completions, calls),
+            "prefilled_prompt_tokens": plain.inner.prefilled_tokens - prefilled,
         }
         for name, side in (("rollout", rollout), ("plain", replay), ("plain_first_prompts", first)):
             side["tokens_per_s"] = side["tokens"] / side["seconds"]
@@ -200,6 +216,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"rollout prompt tokens: {rollout['reused_prompt_tokens']} reused from earlier turns, "
         f"{rollout['prefilled_prompt_tokens']} prefilled; {rollout['cached_tokens_after']} still cached after it"
     )
+    for name in ("rollout", "plain", "plain_first_prompts"):
+        side = result[name]
+        print(
+            f"{name:<19} prompt tokens prefilled {side['prefilled_prompt_tokens']:>6}; sampling steps "
+            f"{side['steps']:>4}, {side['tokens'] / max(side['steps'], 1):.2f} rows sampled per step"
+        )
     print(
         f"plain re-encode sampled the rollout's tokens exactly; largest log-prob gap "
         f"{result['plain']['largest_logprob_gap']:.1e}"

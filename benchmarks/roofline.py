@@ -15,6 +15,8 @@ What it measures, all with the same torch thread count (`--threads`, default 1: 
 * batch-1 decode: `HFSampler` sampling one row (temperature 1, no stop) from a 128-token prompt; decode
   tokens/s from the difference of a `--decode-tokens` + 1 and a 1-token generation, as a share of
   bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once.
+* the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows
+  (`F.linear`, as a decode step calls them): the BLAS's own bound on a decode step, beside the plain read.
 
 CPU only: on a GPU the same shares would need the device's own peak and bandwidth measured the same way,
 which this script does not do.
@@ -76,6 +78,21 @@ def memory_bandwidth(mib: int = 512, repeats: int = 3) -> float:
     """Best read bandwidth (bytes/s) of a `sum` over a `mib` MiB float32 tensor (far bigger than any cache)."""
     x = torch.ones(mib * 2**20 // 4)
     return x.numel() * 4 / best_seconds(lambda: x.sum(), repeats)
+
+
+def linear_read_rate(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
+    """Bytes/s at which the model's own linear layers stream their weights for `rows` token rows (a decode step's
+    matmuls: each weight is read once per step, whatever the number of rows)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+    nbytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+
+    def step() -> None:
+        with torch.inference_mode():
+            for m in linears:
+                F.linear(inputs[m.in_features], m.weight)
+
+    return nbytes / best_seconds(step, repeats)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -166,6 +183,7 @@ def run(
     decode = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats)
     weights = weight_bytes(model)
     decode_bound = bandwidth / weights
+    linear_rates = {rows: linear_read_rate(model, rows, repeats) for rows in (1, 2, 8, 32)}
     return {
         "model": model_name or "smollm2-135m",
         "threads": torch.get_num_threads(),
@@ -181,6 +199,8 @@ def run(
         "decode_tokens_per_s": decode,
         "decode_bound_tokens_per_s": decode_bound,
         "decode_share_of_bound": decode / decode_bound,
+        "linear_read_bytes_per_s": linear_rates,
+        "decode_share_of_gemv_bound": decode / (linear_rates[1] / weights),
     }
 
 
@@ -211,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"batch-1 decode: {result['decode_tokens_per_s']:.1f} tokens/s; bound bandwidth / weights "
         f"({result['weight_bytes'] / 1e6:.0f} MB) = {result['decode_bound_tokens_per_s']:.1f} tokens/s; "
         f"share {share:.2f} (target >= {DECODE_SHARE_TARGET}: {verdict(share >= DECODE_SHARE_TARGET)})"
+    )
+    rates = ", ".join(f"{rows} rows {rate / 1e9:.1f}" for rows, rate in result["linear_read_bytes_per_s"].items())
+    print(f"the model's linear layers stream their weights at (GB/s): {rates}")
+    print(
+        f"batch-1 decode as a share of what the 1-row matmuls allow (weights / their rate): "
+        f"{result['decode_share_of_gemv_bound']:.2f}"
     )
     print(json.dumps(result))
     return result

@@ -10,6 +10,12 @@ Backends (imported lazily, so `import agents.samplers` loads neither torch nor v
 - `VLLMSampler` (agents.samplers.vllm_engine): vLLM on a GPU, with weight sync from a trainer.
 - `OpenAISampler` (agents.samplers.openai_api): any OpenAI-compatible `/v1/completions` endpoint.
 
+State across calls: a sampler may keep per-context state between calls (`HFSampler` keeps each context's
+KV cache, so a later turn prefills only the tokens appended since the last one) and then also offers
+`release(token_ids)`, which agents call when a context closes; the protocol itself stays `generate`, and
+results depend on that state only by float rounding (reuse equals a full re-encode). `SamplerWrapper`
+passes `release` on.
+
 Context overflow: a prompt is left-truncated so that prompt + `max_new_tokens` fits the sampler's
 `max_context` (at least one prompt token is kept). `overflow(len(prompt), params.max_new_tokens,
 sampler.max_context)` says how many tokens that drops, so an agent can record it

@@ -124,8 +124,8 @@ class _AppendLayer(DynamicLayer):
     attention itself); `keys` and `values` are views of the filled part.
 
     Args:
-        reserve: columns to allocate at the first update (the call's longest row: past + prompt + new tokens);
-            an update past the room grows it by half.
+        reserve: columns to allocate at the first update (the widest the call's cache can get: past + prompt +
+            new tokens); an update past the room grows it by half.
     """
 
     def __init__(self, reserve: int = 0) -> None:
@@ -142,7 +142,7 @@ class _AppendLayer(DynamicLayer):
         used = 0 if self._keys is None else self.keys.shape[-2]
         need = used + key_states.shape[-2]
         if self._keys is None or need > self._keys.shape[-2]:
-            room = max(need + need // 2, self.reserve)
+            room = max(need, self.reserve) if self._keys is None else need + need // 2
             shape = (*key_states.shape[:-2], room, key_states.shape[-1])
             keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
             if used:
