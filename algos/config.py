@@ -247,6 +247,13 @@ class Config:
                 f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
                 "episodes of a group: with one episode every advantage is 0)"
             )
+        if self.tie_probe_questions is not None and self.tie_probe_questions > self.questions_per_step:
+            raise ValueError(
+                f"--tie-probe-questions must be <= --questions-per-step ({self.questions_per_step}), "
+                f"got {self.tie_probe_questions}"
+            )
+        if self.eval_questions and self.eval_split == self.split:
+            raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
 
     # --- derived -----------------------------------------------------------------------------------------
     @property
@@ -477,6 +484,10 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("retriever_retries", _at_least(0), ">= 0"),
     ("max_retrieval_error_rate", _within(0, 1), "in [0, 1]"),
     ("questions_per_step", _at_least(1), ">= 1"),
+    ("tie_probe_questions", _at_least(1), ">= 1"),
+    ("max_train_minutes", _positive, "> 0"),
+    ("eval_questions", _at_least(0), ">= 0 (0 skips the held-out evaluation)"),
+    ("eval_batch_size", _at_least(1), ">= 1"),
     ("group_size", _at_least(1), ">= 1"),
     ("max_new_tokens", _at_least(1), ">= 1"),
     ("temperature", _positive, "> 0 (sampling divides the logits by it)"),

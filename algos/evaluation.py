@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["before_after", "format_before_after", "held_out_settings", "plot_curves"]
+__all__ = ["before_after", "format_before_after", "held_out_settings", "plot_curves", "score_held_out"]
 
 TABLE_METRICS = ("em", "f1", "answered", "num_searches", "num_tasks", "invalid_actions")
 """Columns of the before/after table (num_tasks only for CoDA)."""
@@ -54,13 +54,25 @@ def held_out_settings(config: Any) -> dict[str, Any]:
     }
 
 
-def _score(model: Any, tokenizer: Any, config: Any, label: str) -> dict[str, Any]:
+def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict[str, Any]:
+    """Score one model on the held-out questions of `config`, greedily, in its training env.
+
+    Args:
+        model: a loaded ``(model, tokenizer)`` pair, a local directory or a hub id (as `benchmarks.evaluate`).
+        config: the run's `Config`: `held_out_settings` decides everything but the weights.
+        label: the result's ``model`` field (default: the evaluator's name for `model`).
+
+    Returns:
+        A `benchmarks.evaluate.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
+        also gets ``num_tasks``), with ``settings`` added.
+    """
     from benchmarks.evaluate import evaluate
+    from benchmarks.stats import mean_ci
 
     settings = held_out_settings(config)
     result = evaluate(
         settings["agent"],
-        (model, tokenizer),
+        model,
         split=config.eval_split,
         limit=settings["questions"],
         batch=config.eval_batch_size,
@@ -71,11 +83,11 @@ def _score(model: Any, tokenizer: Any, config: Any, label: str) -> dict[str, Any
         max_context_tokens=settings["max_context_tokens"],
         progress=config.progress,
     )
-    result["model"] = label
+    if label is not None:
+        result["model"] = label
     if settings["agent"] == "coda":
-        from benchmarks.stats import mean_ci
-
         result["metrics"]["num_tasks"] = mean_ci([p["num_tasks"] for p in result["predictions"]]).as_dict()
+    result["settings"] = settings
     return result
 
 
@@ -115,10 +127,10 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
         logger.info("starting model's held-out scores from %s", cache)
     else:
         start_model, tokenizer = trainer.build_model()
-        before = _score(start_model, tokenizer, config, "start")
+        before = score_held_out((start_model, tokenizer), config, label="start")
         del start_model
         _write_json(cache, before)
-    after = _score(trainer.policy, trainer.tokenizer, config, "trained")
+    after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
     table = format_before_after(before, after, config)
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
     _write_json(trainer.run_dir / "eval.json", result)

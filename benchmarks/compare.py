@@ -124,31 +124,19 @@ def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Pa
     """Evaluate one model on the held-out questions (cached in out_dir/<name>.json), in the runs' training env.
 
     The env settings, tokens per turn and context length come from the runs' `Config` through
-    `algos.evaluation.held_out_settings`, the same function the trainer's own before/after evaluation uses.
+    `algos.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses.
     """
     import dataclasses
 
-    from algos.evaluation import held_out_settings
-    from benchmarks.evaluate import evaluate
+    from algos.evaluation import score_held_out
 
     target = out_dir / f"{name}.json"
     if target.exists():
         return json.loads(target.read_text())
-    settings = held_out_settings(dataclasses.replace(config, eval_questions=budget.eval_limit or 0))
-    result = evaluate(
-        settings["agent"],
-        model,
-        split="dev",
-        limit=budget.eval_limit,
-        batch=budget.eval_batch,
-        seed=settings["seed"],
-        temperature=0.0,
-        max_new_tokens=settings["max_new_tokens"],
-        env_kwargs=settings["env_kwargs"],
-        max_context_tokens=settings["max_context_tokens"],
-        progress=True,
+    held_out = dataclasses.replace(
+        config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
     )
-    result["settings"] = settings
+    result = score_held_out(model, held_out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, ensure_ascii=False))

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.stats import best_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = ROOT / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
 DEV_FILE = ROOT / "envs" / "data" / "hotpotqa" / "dev.jsonl.gz"
@@ -60,16 +62,6 @@ def recall_at(results: Sequence[Sequence], golds: Sequence[set[str]], k: int) ->
     """Mean share of gold titles among the top-k titles."""
     shares = [len(gold & {p.title for p in hits[:k]}) / len(gold) for hits, gold in zip(results, golds, strict=True)]
     return float(np.mean(shares))
-
-
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` timed calls of `fn`."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def paired_best(

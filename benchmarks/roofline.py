@@ -26,26 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.stats import best_seconds
+
 TRAIN_SHARE_TARGET = 0.5
 DECODE_SHARE_TARGET = 0.5
-
-
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """Best wall time of `repeats` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def matmul_peak(model: torch.nn.Module | None = None, repeats: int = 3) -> dict[str, float]:
@@ -69,7 +59,7 @@ def matmul_peak(model: torch.nn.Module | None = None, repeats: int = 3) -> dict[
     out: dict[str, float] = {}
     for name, (m, k, n) in shapes.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
-        out[name] = 2 * m * k * n / best_seconds(lambda a=a, b=b: a @ b, repeats) / 1e9
+        out[name] = 2 * m * k * n / best_seconds(lambda a=a, b=b: a @ b, repeats, warmup=True) / 1e9
     out["peak"] = max(out.values()) * 1e9
     return out
 
@@ -77,7 +67,7 @@ def matmul_peak(model: torch.nn.Module | None = None, repeats: int = 3) -> dict[
 def memory_bandwidth(mib: int = 512, repeats: int = 3) -> float:
     """Best read bandwidth (bytes/s) of a `sum` over a `mib` MiB float32 tensor (far bigger than any cache)."""
     x = torch.ones(mib * 2**20 // 4)
-    return x.numel() * 4 / best_seconds(lambda: x.sum(), repeats)
+    return x.numel() * 4 / best_seconds(lambda: x.sum(), repeats, warmup=True)
 
 
 def linear_read_rate(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
@@ -92,7 +82,7 @@ def linear_read_rate(model: torch.nn.Module, rows: int, repeats: int = 3) -> flo
             for m in linears:
                 F.linear(inputs[m.in_features], m.weight)
 
-    return nbytes / best_seconds(step, repeats)
+    return nbytes / best_seconds(step, repeats, warmup=True)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -147,7 +137,7 @@ def forward_backward_seconds(model: torch.nn.Module, lengths: Sequence[int], rep
         model.zero_grad(set_to_none=True)
 
     try:
-        return best_seconds(step, repeats)
+        return best_seconds(step, repeats, warmup=True)
     finally:
         model.eval()
 
@@ -163,8 +153,8 @@ def decode_tokens_per_s(model: torch.nn.Module, tokenizer: Any, new_tokens: int 
     def run(n: int) -> Callable[[], Any]:
         return lambda: sampler.generate([prompt], SamplingParams(max_new_tokens=n, temperature=1.0, seed=0))
 
-    prefill = best_seconds(run(1), repeats)
-    whole = best_seconds(run(new_tokens + 1), repeats)
+    prefill = best_seconds(run(1), repeats, warmup=True)
+    whole = best_seconds(run(new_tokens + 1), repeats, warmup=True)
     return new_tokens / (whole - prefill)
 
 

@@ -19,7 +19,8 @@ questions (paired by question), which is much tighter than comparing two separat
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -140,3 +141,15 @@ def paired_difference(
     if a_array.shape != b_array.shape:
         raise ValueError(f"paired scores need equal lengths, got {a_array.size} and {b_array.size}")
     return mean_ci(a_array - b_array, confidence, method)
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:
+    """The fastest of `repeats` timed calls of `fn` (after one untimed call when `warmup`)."""
+    if warmup:
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)

@@ -79,6 +79,10 @@ def test_help_lists_the_settings(capsys):
         (["--clip-eps", "-0.2"], "--clip-eps must be > 0"),
         (["--max-retrieval-error-rate", "1.5"], "--max-retrieval-error-rate must be in [0, 1]"),
         (["--retriever-timeout", "0"], "--retriever-timeout must be > 0"),
+        (["--max-train-minutes", "0"], "--max-train-minutes must be > 0"),
+        (["--eval-questions", "-1"], "--eval-questions must be >= 0"),
+        (["--tie-probe-questions", "5"], "--tie-probe-questions must be <= --questions-per-step"),
+        (["--eval-split", "train"], "--eval-split must differ from --split"),
     ],
 )
 def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
