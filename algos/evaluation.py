@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,12 +100,10 @@ def _starting_model_cache(config: Any) -> Path:
 
 
 def _write_json(path: Path, value: Any) -> None:
+    from algos.checkpoint import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, ensure_ascii=False)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(value, ensure_ascii=False))
 
 
 def before_after(trainer: Trainer) -> dict[str, Any]:
