@@ -76,17 +76,26 @@ def _base_title(title: str) -> str:
 
 
 def _quote(text: str, answer: str, max_words: int) -> str | None:
-    """The sentence of `text` that holds `answer`, cut to `max_words` words around it; None if absent."""
+    """The sentence of `text` that holds `answer`, cut to `max_words` words around it; None if absent.
+
+    The cut is centred on the answer's own words (not on the first word that merely looks like its first word), and
+    keeps all of them even when the answer alone is longer than `max_words`.
+    """
+    target = normalize_answer(answer).split()
     for sentence in _SENTENCE_END.split(text):
         if not _contains(sentence, answer):
             continue
         words = sentence.replace(" ...", "").split()
         if len(words) <= max_words:
             return " ".join(words)
-        first = normalize_answer(answer).split()[0]
-        at = next((i for i, w in enumerate(words) if normalize_answer(w) == first), 0)
-        lo = max(0, min(at - max_words // 2, len(words) - max_words))
-        return " ".join(words[lo : lo + max_words])
+        kept = [(i, n) for i, w in enumerate(words) for n in normalize_answer(w).split()]  # articles vanish
+        starts = [j for j in range(len(kept) - len(target) + 1) if [n for _, n in kept[j : j + len(target)]] == target]
+        if not starts:  # the answer spans a word boundary the split cannot see: the sentence as it is
+            return " ".join(words)
+        first, last = kept[starts[0]][0], kept[starts[0] + len(target) - 1][0]
+        width = max(max_words, last - first + 1)
+        lo = max(0, min(first - (width - (last - first + 1)) // 2, len(words) - width))
+        return " ".join(words[lo : lo + width])
     return None
 
 

@@ -108,6 +108,9 @@ class Config:
     """Searches an episode (flat) or an executor task (coda) may make before it must answer."""
     max_planner_turns: int = 4
     """coda: planner turns per episode."""
+    instructions: Literal["search-r1", "short"] = "search-r1"
+    """System prompts of the env: search-r1 (Search-R1's prompt with <refine>) or short (the same protocol in half
+    the tokens: every context starts with them)."""
     query_action_format: Literal["tag", "raw"] = "tag"
     """Query-rewrite env only: tag (the query inside <query>..</query>) or raw (the whole reply is the query)."""
     num_questions: int | None = None
@@ -135,7 +138,10 @@ class Config:
 
     # --- optimisation ------------------------------------------------------------------------------------
     lr: float = 1e-6
-    """AdamW learning rate (constant)."""
+    """AdamW learning rate (the peak one with lr_schedule linear)."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """constant, or linear: decays from lr to lr / 10 over the run, which ends at --steps or at
+    --max-train-minutes, whichever comes first (so a time-bounded run ends on small, settling updates)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -301,6 +307,7 @@ class Config:
             "max_turns": self.max_turns,
             "max_planner_turns": self.max_planner_turns,
             "max_executor_turns": self.max_executor_turns,
+            "instructions": self.instructions,
             **server,
         }
 
@@ -350,11 +357,13 @@ PRESETS: dict[str, dict[str, object]] = {
         "tie_probe_questions": 1,
         "top_k": 3,
         "max_passage_words": 40,
+        "instructions": "short",
         "max_new_tokens": 64,
         "max_context_tokens": 2048,
         "sft_batch_size": 8,
         "sft_num_demos": None,
         "lr": 1e-4,
+        "lr_schedule": "linear",
         "micro_batch_tokens": 4096,
         "torch_threads": None,
         "save_every": 5,

@@ -214,6 +214,11 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else 0.0
 
 
+def lr_factor(schedule: str, done: float) -> float:
+    """The lr multiplier at `done` (0..1) of the run: 1 throughout (constant), or 1 -> 0.1 in a straight line."""
+    return 1.0 if schedule == "constant" else 1.0 - 0.9 * min(max(done, 0.0), 1.0)
+
+
 class Trainer:
     """One training run: model, sampler, agent, collector, demonstrations, optimizer, weighting rule.
 
@@ -845,6 +850,7 @@ class Trainer:
                 self.stopped_early = True
                 break
             start = time.perf_counter()
+            self.set_lr()
             metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
             last_step = time.perf_counter() - start
             self.elapsed += last_step
@@ -856,6 +862,16 @@ class Trainer:
                 metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
             self.log(metrics)
             yield metrics
+
+    def set_lr(self) -> None:
+        """Scale every parameter group's lr by `lr_factor` of the run's progress (steps or minutes, the further)."""
+        cfg = self.config
+        done = self.step / cfg.steps
+        if cfg.max_train_minutes is not None:
+            done = max(done, self.elapsed / (60.0 * cfg.max_train_minutes))
+        for group in self.optimizer.param_groups:
+            group.setdefault("peak_lr", group["lr"])
+            group["lr"] = group["peak_lr"] * lr_factor(cfg.lr_schedule, done)
 
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         """The few numbers the progress bar shows after a step: reward, answer F1 on QA envs, the SFT weight

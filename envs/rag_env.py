@@ -19,6 +19,7 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
 from envs import protocol
+from envs.protocol import INSTRUCTION_STYLES
 from envs.data import QAExample, bundled_path, load_examples, pooled_passages
 from envs.rewards import (
     RewardWeights,
@@ -209,6 +210,7 @@ class RAGEnv(gym.Env[str, str]):
     | render_mode | None | None or "ansi" (the episode transcript) |
     | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
     | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
+    | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's own for the flat agent) or "short" (half the tokens) |
 
     ## Version History
     * v0: initial release.
@@ -236,11 +238,14 @@ class RAGEnv(gym.Env[str, str]):
         render_mode: str | None = None,
         retriever_timeout: float = 30.0,
         retriever_retries: int = 2,
+        instructions: str = "search-r1",
     ) -> None:
         if protocol not in ("flat", "coda"):
             raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
         if corpus not in ("pooled", "distractor"):
             raise ValueError(f"corpus must be 'pooled' or 'distractor', got {corpus!r}")
+        if instructions not in INSTRUCTION_STYLES:
+            raise ValueError(f"instructions must be one of {sorted(INSTRUCTION_STYLES)}, got {instructions!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         for name, value in (
@@ -269,6 +274,7 @@ class RAGEnv(gym.Env[str, str]):
             max_executor_turns,
         )
         self.max_action_chars = max_action_chars
+        self.instructions = INSTRUCTION_STYLES[instructions]
         self.reward_weights = reward_weights
         self.render_mode = render_mode
         self.query_cache = query_cache
@@ -325,7 +331,7 @@ class RAGEnv(gym.Env[str, str]):
         return obs, info
 
     def _open_context(self, role: str, text: str) -> tuple[str, dict[str, Any]]:
-        system, user = protocol.INSTRUCTIONS[role], protocol.user_message(role, text)
+        system, user = self.instructions[role], protocol.user_message(role, text)
         obs = f"{system}\n\n{user}\n"
         self._episode.transcript.append(("env", obs))
         return obs, {"role": role, "new_context": True, "system_prompt": system, "user_message": user}
