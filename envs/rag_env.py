@@ -19,8 +19,8 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
 from envs import protocol
-from envs.protocol import INSTRUCTION_STYLES
 from envs.data import QAExample, bundled_path, load_examples, pooled_passages
+from envs.protocol import INSTRUCTION_STYLES
 from envs.rewards import (
     RewardWeights,
     cover_exact_match,
@@ -210,7 +210,7 @@ class RAGEnv(gym.Env[str, str]):
     | render_mode | None | None or "ansi" (the episode transcript) |
     | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
     | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
-    | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's own for the flat agent) or "short" (half the tokens) |
+    | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's + <refine>) or "short" (half as long) |
 
     ## Version History
     * v0: initial release.

@@ -167,6 +167,23 @@ def test_top_k_and_passage_length_are_arguments():
     assert all(len(d.split(") ", 1)[1].split()) <= 11 for d in docs)
 
 
+@pytest.mark.parametrize("protocol_name", ["flat", "coda"])
+def test_short_instructions_open_every_context(protocol_name):
+    from envs.protocol import INSTRUCTIONS, SHORT_INSTRUCTIONS
+
+    env = make(protocol=protocol_name, instructions="short")
+    obs, info = env.reset(options={"index": 0})
+    short = SHORT_INSTRUCTIONS[info["role"]]
+    assert obs.startswith(short) and info["system_prompt"] == short
+    if protocol_name == "coda":  # the executor's fresh context too
+        obs, *_, info = env.step("<task>Who directed Ed Wood?</task>")
+        assert info["role"] == "executor" and obs.startswith(SHORT_INSTRUCTIONS["executor"])
+    default, default_info = make(protocol=protocol_name).reset(options={"index": 0})
+    assert default_info["system_prompt"] == INSTRUCTIONS[default_info["role"]] and len(default) > len(obs)
+    with pytest.raises(ValueError, match="instructions must be one of"):
+        make(instructions="terse")
+
+
 @pytest.mark.parametrize(
     "action",
     [

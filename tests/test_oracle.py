@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from agents.oracle import OracleAgent, demonstration_record, main
+from agents.oracle import OracleAgent, _quote, demonstration_record, main
 from agents.samplers import encode_chat
 from envs.protocol import EXECUTOR_INSTRUCTIONS, PLANNER_INSTRUCTIONS
 from envs.rewards import RewardWeights
@@ -182,3 +182,17 @@ def test_oracle_main_writes_coda_demonstrations(tmp_path, bm25, capsys):
     main(["--split", "dev", "--protocol", "coda", "--limit", "5", "--batch", "3", "--out", str(out)])
     assert "wrote 5 demonstrations" in capsys.readouterr().out
     _check_jsonl(out, "coda", 5)
+
+
+def test_quotes_centre_on_the_answer_not_on_a_name_that_starts_like_it():
+    text = (
+        "Cosmos was a Latvian a cappella band that formed in Riga in 2002. The band comprised singers Janis "
+        "Sipkevics, Andris Sejans (both countertenors), Juris Lisenko (tenor), Janis Ozols (baritone), Janis "
+        "Strazdins (bass) and Reinis Sejans (rhythm)."
+    )
+    quote = _quote(text, "Janis Strazdins", 12)
+    assert "Janis Strazdins" in quote and len(quote.split()) == 12
+    assert _quote(text, "Riga", 12) == "was a Latvian a cappella band that formed in Riga in 2002."  # 13 words: one cut
+    long_answer = "Sipkevics, Andris Sejans (both countertenors), Juris Lisenko (tenor), Janis Ozols"
+    assert long_answer in _quote(text, long_answer, 5)  # an answer longer than the cut is kept whole
+    assert _quote(text, "Vilnius", 12) is None

@@ -11,7 +11,7 @@ import torch
 
 from algos.batch import collate_trajectories
 from algos.config import preset_config
-from algos.trainer import Trainer, micro_batches
+from algos.trainer import Trainer, lr_factor, micro_batches
 
 
 def _trainer(tmp_path, name: str, **overrides) -> Trainer:
@@ -85,16 +85,17 @@ def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
         trainer.close()
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    """2 straight steps == 1 step, save, scrambled process state, resume, 1 step (RED: SFT, EMAs, data order)."""
-    straight = _trainer(tmp_path, "straight", algo="red_grpo", steps=2, save_every=0)
+@pytest.mark.parametrize("lr_schedule", ["constant", "linear"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, lr_schedule):
+    """2 straight steps == 1 step, save, scrambled process state, resume, 1 step (RED: SFT, EMAs, data order, lr)."""
+    straight = _trainer(tmp_path, "straight", algo="red_grpo", steps=2, save_every=0, lr_schedule=lr_schedule)
     try:
         straight_metrics = list(straight.steps())
         expected = _params(straight)
     finally:
         straight.close()
 
-    first = _trainer(tmp_path, "resumed", algo="red_grpo", steps=1, save_every=0)
+    first = _trainer(tmp_path, "resumed", algo="red_grpo", steps=1, save_every=0, lr_schedule=lr_schedule)
     try:
         list(first.steps())
         first.save()
@@ -104,7 +105,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     np.random.seed(12345)
     torch.manual_seed(12345)
 
-    resumed = _trainer(tmp_path, "resumed", algo="red_grpo", steps=2, resume=True, seed=0)
+    resumed = _trainer(tmp_path, "resumed", algo="red_grpo", steps=2, resume=True, seed=0, lr_schedule=lr_schedule)
     try:
         assert resumed.step == 1
         resumed_metrics = list(resumed.steps())
@@ -114,10 +115,27 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert len(resumed_metrics) == 1
     for name, value in expected.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
-    for key in ("loss_sft", "loss_pg", "critic/rewards/mean", "red/final_weight", "red/h_rl", "red/h_sft"):
+    for key in ("loss_sft", "loss_pg", "critic/rewards/mean", "red/final_weight", "red/h_rl", "red/h_sft", "train/lr"):
         assert resumed_metrics[0][key] == pytest.approx(straight_metrics[1][key], rel=1e-6, abs=1e-9), key
     lines = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+def test_linear_lr_schedule_decays_over_steps_or_minutes_whichever_ends_first(tmp_path):
+    assert [lr_factor("constant", d) for d in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
+    assert [lr_factor("linear", d) for d in (-1.0, 0.0, 0.5, 1.0, 2.0)] == pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
+    trainer = _trainer(tmp_path, "lr", steps=4, lr=1e-3, lr_schedule="linear", max_train_minutes=10.0)
+    try:
+        lrs = []
+        for _ in trainer.steps():
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        assert lrs == pytest.approx([1e-3 * (1 - 0.9 * k / 4) for k in range(4)])  # by steps: 0, 1/4, 2/4, 3/4 done
+        trainer.elapsed = 9 * 60.0  # 90% of the minutes: further along than 4 of 4 steps would say
+        trainer.step = 0
+        trainer.set_lr()
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 0.9))
+    finally:
+        trainer.close()
 
 
 def test_refuses_to_overwrite_a_run(tmp_path):
