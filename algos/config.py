@@ -363,7 +363,6 @@ PRESETS: dict[str, dict[str, object]] = {
         "sft_batch_size": 8,
         "sft_num_demos": None,
         "lr": 1e-4,
-        "lr_schedule": "linear",
         "micro_batch_tokens": 4096,
         "torch_threads": None,
         "save_every": 5,
