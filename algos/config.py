@@ -357,7 +357,6 @@ PRESETS: dict[str, dict[str, object]] = {
         "tie_probe_questions": 1,
         "top_k": 3,
         "max_passage_words": 40,
-        "instructions": "short",
         "max_new_tokens": 64,
         "max_context_tokens": 2048,
         "sft_batch_size": 8,
