@@ -375,12 +375,14 @@ class QueryRewriteEnv(gym.Env[str, str]):
             "recall_at_k": 0.0,
             "mrr": 0.0,
             "num_searches": 0,
+            "invalid_actions": 0,
+            "num_actions": 1,
             "retrieval_errors": 0,
             "role": "agent",
             "new_context": False,
         }
         if error is not None:
-            info["error"] = error
+            info["error"], info["invalid_actions"] = error, 1
             obs = f"\nInvalid action: {error}.\n"
         else:
             try:
