@@ -48,7 +48,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _AppendLayer(DynamicLayer):
             self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
-class HFSampler:
+class HFSampler(TokenizerContext):
     """`Sampler` over a transformers causal LM.
 
     Log-probs: at temperature T > 0 the log-softmax of logits / T after top-p filtering (the distribution
@@ -220,16 +220,6 @@ class HFSampler:
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
         """Prompt tokens run through a prefill forward pass (a running count)."""
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
 
     @property
     def cached_tokens(self) -> int:
