@@ -53,6 +53,21 @@ def question_index(options: dict[str, Any] | None, num_examples: int) -> int | N
     return int(index)
 
 
+def check_limits(retriever_timeout: float, retriever_retries: int, **limits: int) -> None:
+    """Refuse an env's settings that cannot work: a limit below 1, a timeout <= 0 or negative retries.
+
+    Raises:
+        ValueError: naming the first offending argument.
+    """
+    for name, value in limits.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not retriever_timeout > 0 or retriever_retries < 0:
+        raise ValueError(
+            f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
+        )
+
+
 def _excerpt(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -271,20 +286,16 @@ class RAGEnv(gym.Env[str, str]):
             raise ValueError(f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for name, value in (
-            ("top_k", top_k),
-            ("max_passage_words", max_passage_words),
-            ("max_turns", max_turns),
-            ("max_planner_turns", max_planner_turns),
-            ("max_executor_turns", max_executor_turns),
-            ("max_action_chars", max_action_chars),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not retriever_timeout > 0 or retriever_retries < 0:
-            raise ValueError(
-                f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
-            )
+        check_limits(
+            retriever_timeout,
+            retriever_retries,
+            top_k=top_k,
+            max_passage_words=max_passage_words,
+            max_turns=max_turns,
+            max_planner_turns=max_planner_turns,
+            max_executor_turns=max_executor_turns,
+            max_action_chars=max_action_chars,
+        )
         self.retriever_timeout, self.retriever_retries = retriever_timeout, retriever_retries
         self.examples = load_examples(dataset, split, data_path)
         self.data_file = str(data_path) if data_path is not None else str(bundled_path(dataset, split))

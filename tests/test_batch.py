@@ -1,4 +1,4 @@
-"""Tests of algos/batch.py: padding and mask alignment with a real tokenizer, log-probs with a real tiny LM."""
+"""Tests of agents/collate.py and algos/batch.py: padding and mask alignment, log-probs with a real tiny LM."""
 
 from __future__ import annotations
 

@@ -212,8 +212,8 @@ class HFSampler(TokenizerContext):
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else next(iter(self.stop_token_ids), 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-        """Whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)."""
         self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
         self._weights_key: tuple | None = None
         self.reused_tokens = 0
