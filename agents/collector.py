@@ -10,7 +10,7 @@ Data order is a seeded permutation of the question indices, reshuffled each epoc
 part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
 
     collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
-    for batch in collector:          # TensorDict of generations (see algos.batch.collate_trajectories)
+    for batch in collector:          # TensorDict of generations (see agents.collate.collate_trajectories)
         ...
         collector.update_policy_weights_()
 """
@@ -105,7 +105,7 @@ class RolloutCollector(BaseCollector):
         return trajectories
 
     def iterator(self) -> Iterator[Any]:
-        from algos.batch import collate_trajectories
+        from agents.collate import collate_trajectories
 
         pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
         while self.total_batches < 0 or self.batches_done < self.total_batches:

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+ROLES: tuple[str, ...] = ("agent", "planner", "executor")
+"""Who wrote a generation: the flat protocol's agent, or CoDA's planner and executor (`Generation.role`)."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -58,7 +61,7 @@ class Generation:
     sample_logprobs: tuple[float, ...]
     """Sampling log-prob of each token where loss_mask is 1, 0.0 elsewhere."""
     role: str
-    """"agent" (flat protocol), "planner" or "executor" (CoDA)."""
+    """One of `ROLES`: "agent" (flat protocol), "planner" or "executor" (CoDA)."""
     truncated_tokens: int = 0
     """Tokens dropped from the left of a prompt that exceeded the model's context (0 if none)."""
 

@@ -41,10 +41,19 @@ _LABELS = {
 
 
 def held_out_settings(config: Any) -> dict[str, Any]:
-    """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key."""
+    """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key.
+
+    The env is the run's own (`Config.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
+    training ones: ``eval_data_path``, else the bundled ``eval_split``.
+    """
+    env_kwargs = {**config.env_kwargs, "split": config.eval_split}
+    env_kwargs.pop("data_path", None)
+    if config.eval_data_path is not None:
+        env_kwargs["data_path"] = config.eval_data_path
     return {
         "agent": "coda" if config.protocol == "coda" else "search_r1",
-        "env_kwargs": {**config.env_kwargs, "split": config.eval_split},
+        **({"env_id": config.env_id} if config.env else {}),  # the default ids follow from the agent's protocol
+        "env_kwargs": env_kwargs,
         "questions": int(config.eval_questions),
         "max_new_tokens": config.max_new_tokens,
         "max_context_tokens": config.max_context_tokens,
@@ -77,6 +86,7 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
         seed=settings["seed"],
         temperature=0.0,
         max_new_tokens=settings["max_new_tokens"],
+        env_id=config.env_id,
         env_kwargs=settings["env_kwargs"],
         max_context_tokens=settings["max_context_tokens"],
         progress=config.progress,

@@ -48,7 +48,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _AppendLayer(DynamicLayer):
             self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
-class HFSampler:
+class HFSampler(TokenizerContext):
     """`Sampler` over a transformers causal LM.
 
     Log-probs: at temperature T > 0 the log-softmax of logits / T after top-p filtering (the distribution
@@ -212,24 +212,14 @@ class HFSampler:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else next(iter(self.stop_token_ids), 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-        """Whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)."""
         self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
         self._weights_key: tuple | None = None
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
         """Prompt tokens run through a prefill forward pass (a running count)."""
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
 
     @property
     def cached_tokens(self) -> int:

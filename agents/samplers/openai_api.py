@@ -29,13 +29,13 @@ from typing import Any
 import httpx
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class OpenAISampler:
+class OpenAISampler(TokenizerContext):
     """`Sampler` that calls an OpenAI-compatible completions endpoint over HTTP.
 
     Args:
@@ -74,16 +74,6 @@ class OpenAISampler:
         api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
 
-class VLLMSampler:
+class VLLMSampler(TokenizerContext):
     """`Sampler` backed by `vllm.LLM`.
 
     Args:
@@ -70,16 +70,6 @@ class VLLMSampler:
         self._tokenizer = self.llm.get_tokenizer()
         fix_pad_token(None, self._tokenizer)
         self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (same contract as `HFSampler.generate`).
