@@ -32,6 +32,9 @@ class SamplingParams:
     """Stop strings; the completion ends right after the first one (it is kept in the text)."""
     seed: int | None = None
     """Seed for the sampler's random generator; None continues its current stream."""
+    row_seeds: tuple[int, ...] | None = None
+    """One seed per prompt (over `seed`): each row's sample then depends on its own prompt and seed only, not on
+    which other rows share its batch (data-parallel ranks that split a batch sample what one process would)."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import argparse
 import contextvars
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +239,12 @@ class Config:
             )
         if self.eval_questions and self.eval_split == self.split:
             raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share
+        for name in ("questions_per_step", "sft_batch_size"):
+            if ranks > 1 and getattr(self, name) < ranks:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= the {ranks} data-parallel ranks, got {getattr(self, name)}"
+                )
 
     # --- derived -----------------------------------------------------------------------------------------
     @property

@@ -13,7 +13,9 @@ needs around it:
   checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless logged in;
   WANDB_MODE is respected);
 - `train`: the last checkpoint, the final model (``final/``, a Hugging Face directory), the trained and the
-  starting model scored on held-out questions (`algos.evaluation.before_after`), the summary table.
+  starting model scored on held-out questions (`algos.evaluation.before_after`), the summary table;
+- data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
+  questions, the policy in DDP (`sync_gradients`), rank 0 alone writing files (``self.world.is_main``).
 
 `main` is the entry points' shared body: parse the command line, train, and print a fault as one line
 (exit status 1, or 2 for settings and data files that cannot be used).
@@ -42,6 +44,7 @@ import torch
 
 from agents.records import Completion, SamplingParams
 from agents.samplers import SamplerWrapper
+from algos import distributed
 from algos.batch import masked_head_matches
 from algos.checkpoint import damaged_checkpoints, find_latest, load_checkpoint, save_checkpoint, write_text_atomic
 from algos.config import AlgoName, Config, parse_config
@@ -133,14 +136,16 @@ class TrainingRun:
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.device = torch.device(config.torch_device)
+        # --- data parallel (algos.distributed): this rank's place and device -------------------------------
+        self.world, self.device = distributed.init(config.torch_device)
         self.run_dir = config.output_dir
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.weighting = weighting if weighting is not None else make_weighting(config)
         resume_from = self._checkpoint_to_resume()
 
-        self.model, self.tokenizer = self.build_model()
+        with distributed.main_first():  # rank 0 converts and caches the model first; the others load it
+            self.model, self.tokenizer = self.build_model()
         self.ref_model = None
         if config.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -179,14 +184,16 @@ class TrainingRun:
         if config.is_query_rewrite:  # one <query> turn: a plain context agent that stops after </query>
             agent_cls, params = ContextAgent, dataclasses.replace(params, stop=("</query>",))
         self.agent = agent_cls(self.sampler, params, max_context_tokens=max_context)
-        self.collector = RolloutCollector(
-            lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
-            self.agent,
-            questions_per_batch=config.questions_per_step,
-            group_size=config.group_size,
-            indices=None if config.num_questions is None else range(config.num_questions),
-            seed=config.seed,
-        )
+        with distributed.main_first():  # rank 0 builds and caches a local index first; the others load it
+            self.collector = RolloutCollector(
+                lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
+                self.agent,
+                questions_per_batch=config.questions_per_step,
+                group_size=config.group_size,
+                indices=None if config.num_questions is None else range(config.num_questions),
+                seed=config.seed,
+                shard=(self.world.rank, self.world.size),
+            )
         env = self.collector.envs[0].unwrapped
         if config.num_questions is not None and config.num_questions > env.num_examples:
             raise DataError(
@@ -194,7 +201,8 @@ class TrainingRun:
                 f"{getattr(env, 'data_file', None) or config.split}"
             )
         uses_sft = self.weighting.uses_sft and config.sft_coef > 0
-        self.demos = load_demonstrations(config, self.tokenizer, max_tokens=max_context) if uses_sft else []
+        with distributed.main_first():
+            self.demos = load_demonstrations(config, self.tokenizer, max_tokens=max_context) if uses_sft else []
         self.init_learner()
         self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
         learner_groups = self.learner_param_groups()
@@ -205,6 +213,8 @@ class TrainingRun:
             weight_decay=config.weight_decay,
         )
         self.trainable = self.trainable + [p for group in learner_groups for p in group["params"]]
+        self.ddp = distributed.wrap_ddp(self.policy, self.device)  # None for one process
+        """The policy in DistributedDataParallel; only `sync_gradients` runs through it."""
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
         """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
@@ -216,11 +226,12 @@ class TrainingRun:
         self._unsaved_metrics: list[dict[str, Any]] = []  # the next checkpoint carries them
         restored: list[dict[str, Any]] = []
         if resume_from is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.metrics_path.write_text("")
+            if self.world.is_main:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.metrics_path.write_text("")
         else:
             restored = self.load(resume_from)
-        self._wandb = self._init_wandb() if config.wandb else None
+        self._wandb = self._init_wandb() if config.wandb and self.world.is_main else None
         for row in restored:  # checkpointed rows a killed process never logged
             self._log_wandb(row)
 
@@ -233,6 +244,13 @@ class TrainingRun:
             return model.to(self.device), tokenizer
         # float32 master weights; bf16 (when on) comes from autocast around each forward pass
         return load_model(self.config.model, dtype=torch.float32, device=self.device)
+
+    def sync_gradients(self) -> None:
+        """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`)."""
+        if self.ddp is not None:
+            in_policy = {id(p) for p in self.policy.parameters()}
+            others = [p for p in self.trainable if id(p) not in in_policy]
+            distributed.sync_gradients(self.ddp, others, pad_token_id=self.pad_id)
 
     # --- resume and checkpoints ----------------------------------------------------------------------------
     def _checkpoint_to_resume(self) -> Path | None:
@@ -294,7 +312,8 @@ class TrainingRun:
         """Restore the run from a checkpoint directory (weights, optimizer, rule, learner, data position).
 
         Returns:
-            The metrics rows the checkpoint carried that metrics.jsonl lacked (now written back to it).
+            The metrics rows the checkpoint carried that metrics.jsonl lacked (now written back to it; by rank 0
+            alone under data parallelism, the other ranks get none).
         """
         checkpoint = load_checkpoint(path)
         weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith(_LEARNER_PREFIX)}
@@ -324,7 +343,7 @@ class TrainingRun:
         }
         if changed:
             logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
-        restored = self._restore_metrics(checkpoint.state.get("metrics", []))
+        restored = self._restore_metrics(checkpoint.state.get("metrics", [])) if self.world.is_main else []
         logger.info("resumed from %s at step %d", path, self.step)
         return restored
 
@@ -433,11 +452,12 @@ class TrainingRun:
             self.elapsed += last_step
             metrics["time/elapsed"] = self.elapsed
             self._unsaved_metrics.append(metrics)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps and self.world.is_main:
                 ckpt_start = time.perf_counter()
                 self.save()
                 metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
-            self.log(metrics)
+            if self.world.is_main:
+                self.log(metrics)
             yield metrics
 
     def set_lr(self) -> None:
@@ -463,20 +483,27 @@ class TrainingRun:
                 "unit": "min",
                 "bar_format": "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} training min {postfix}",
             }
-        with tqdm(desc=self.config.name, disable=not self.config.progress, dynamic_ncols=True, **bar_kwargs) as bar:
+        show = self.config.progress and self.world.is_main
+        with tqdm(desc=self.config.name, disable=not show, dynamic_ncols=True, **bar_kwargs) as bar:
             for metrics in self.steps():
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
-        checkpoint = self.save()
-        final = self.save_final_model()
-        summary = self.summary(checkpoint, final)
+        summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
+        if self.world.is_main:  # the other ranks hold the same weights and write nothing
+            checkpoint = self.save()
+            final = self.save_final_model()
+            summary = self.summary(checkpoint, final)
         if self.config.eval_questions > 0 and self.evaluates_held_out and not self.config.is_query_rewrite:
             from algos.evaluation import before_after, plot_curves
 
-            summary["evaluation"] = before_after(self)
-            summary["curves"] = str(plot_curves(self.metrics_path, self.run_dir / "curves.png"))
-            summary["process_wall_time_s"] = time.perf_counter() - self.started
-        print_summary(summary)
+            evaluation = before_after(self)  # every rank scores its share of the questions
+            if self.world.is_main:
+                summary["evaluation"] = evaluation
+                summary["curves"] = str(plot_curves(self.metrics_path, self.run_dir / "curves.png"))
+                summary["process_wall_time_s"] = time.perf_counter() - self.started
+        distributed.barrier()  # every file is written before any rank returns
+        if self.world.is_main:
+            print_summary(summary)
         return summary
 
     def summary(self, checkpoint: Path, final: Path) -> dict[str, Any]:
@@ -503,11 +530,13 @@ class TrainingRun:
         }
 
     def close(self) -> None:
-        """Close the envs and finish the wandb run."""
+        """Close the envs, finish the wandb run and leave the process group."""
         self.collector.shutdown()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        self.ddp = None
+        distributed.shutdown()
 
 
 def lr_factor(schedule: str, done: float) -> float:

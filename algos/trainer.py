@@ -38,7 +38,8 @@ Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`,
 takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
 
 Everything around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out
-evaluation, the summary, the command line) is `algos.run`.
+evaluation, the summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share
+of the batch (`algos.distributed`); the few lines that make it equal one process's step say "data parallel".
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from tensordict import TensorDict
 
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import Trajectory
+from algos import distributed
 from algos.batch import (
     answer_accuracy,
     masked_token_logprobs,
@@ -96,21 +98,27 @@ class Trainer(TrainingRun):
         self.policy.eval()
         self.sampler.seconds, self.sampler.tokens = 0.0, 0
         probe = cfg.tie_probe_questions if self.last_step_tied else None
+        if probe is not None:  # data parallel: at least one question per rank
+            probe = min(max(probe, self.world.size), cfg.questions_per_step)
         with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            trajectories = self.collector.collect(probe)
+            trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
         t_rollout = time.perf_counter() - step_start
-        infos = [t.info for t in trajectories]
+        gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes, for statistics
+        infos = [t.info for t in gathered]
         _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
 
         # advantages, old log-probs and the rule's weight, before the update
         start = time.perf_counter()
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
+        rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
         batch, batch_metrics = self.make_batch(trajectories)
-        self.last_step_tied = rewards_tied(trajectories)
+        self.last_step_tied = rewards_tied(gathered)
         sync()
         t_old_logp = time.perf_counter() - start
         rl_entropy = float(entropy_estimate(batch["old_logp"], batch["loss_mask"]))
-        accuracy = answer_accuracy(trajectories)
+        # data parallel: the global batch's means, so RED's weight is the same on every rank
+        rl_entropy = distributed.token_mean(rl_entropy, float(batch["loss_mask"].sum()))
+        batch_metrics = distributed.mean_over_ranks(batch_metrics)
+        accuracy = answer_accuracy(gathered)
         w = self.weighting.weight(rl_entropy=rl_entropy, batch_accuracy=accuracy)
         sft_coef = w * cfg.sft_coef if self.demos else 0.0
         sft_batch = self.sft_minibatch(self.step) if sft_coef > 0 else None
@@ -125,6 +133,7 @@ class Trainer(TrainingRun):
             metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
             if sft_batch is not None:
                 metrics.update(self._sft_backward(sft_batch, sft_coef))  # + w * sft_coef * loss_sft
+            self.sync_gradients()  # data parallel: sum the ranks' gradients
             sync()
             t_fwd_bwd += time.perf_counter() - start
             start = time.perf_counter()
@@ -142,7 +151,7 @@ class Trainer(TrainingRun):
 
         episodes = [episode_metrics(info) for info in infos]  # what the env reports: answered, em, f1, searches...
         names = dict.fromkeys(name for episode in episodes for name in episode)
-        sampled = int(batch["loss_mask"].sum())
+        sampled = int(distributed.all_sum(float(batch["loss_mask"].sum()))[0])  # data parallel: every rank's
         trained = metrics.pop("tokens/trained_rl") + metrics.pop("tokens/trained_sft", 0)
         metrics.update(
             {
@@ -155,7 +164,7 @@ class Trainer(TrainingRun):
                 **{_LOGGED_AS.get(k, f"env/{k}"): _mean([e[k] for e in episodes if k in e]) for k in names},
                 "env/retrieval_error_rate": retrieval_error_rate,
                 "train/batch_accuracy": accuracy,
-                "train/questions": len({t.group_id for t in trajectories}),
+                "train/questions": len({t.group_id for t in gathered}),
                 "train/rl_entropy": rl_entropy,
                 "train/grad_norm": float(grad_norm),
                 "train/lr": self.optimizer.param_groups[0]["lr"],
@@ -206,12 +215,15 @@ class Trainer(TrainingRun):
     def sft_minibatch(self, step: int) -> TensorDict:
         """The SFT minibatch of `step` (a function of the seed and the step only)."""
         picks = sample_indices(len(self.demos), self.config.sft_batch_size, self.config.seed, step)
+        picks = distributed.shard(picks, self.world)  # data parallel: this rank's share of the global minibatch
         return collate_sft([self.demos[i] for i in picks], pad_token_id=self.pad_id)
 
     def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
         """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
         cfg = self.config
-        num_tokens = float(batch["loss_mask"].sum())  # every sampled token of the batch: the token-mean divisor
+        # every sampled token of the batch is the token-mean divisor; data parallel: of every rank's batch, so the
+        # ranks' gradients sum to the one-process gradient (algos.distributed)
+        (num_tokens,) = distributed.all_sum(float(batch["loss_mask"].sum()))
         rows = list(range(batch.batch_size[0]))
         if cfg.skip_zero_advantage and cfg.kl_coef == 0 and batch["adv"].ndim == 1:
             rows = [i for i in rows if float(batch["adv"][i]) != 0.0]
@@ -234,14 +246,16 @@ class Trainer(TrainingRun):
                     losses[key] = losses.get(key, 0.0) + float(terms[key].detach())
                 else:
                     token_sums[key] = token_sums.get(key, 0.0) + float(terms[key]) * n_mask
-        out = {**losses, "tokens/trained_rl": trained_tokens, "rl/contexts_run": len(rows)}
+        losses, token_sums = distributed.sum_over_ranks(losses), distributed.sum_over_ranks(token_sums)  # data parallel
+        run_tokens, trained_tokens, contexts = distributed.all_sum(run_tokens, trained_tokens, len(rows))
+        out = {**losses, "tokens/trained_rl": int(trained_tokens), "rl/contexts_run": int(contexts)}
         if run_tokens:
             out.update({f"rl/{key}": value / run_tokens for key, value in token_sums.items()})
         return out
 
     def _sft_backward(self, sft_batch: TensorDict, coef: float) -> dict[str, float]:
         """Backward of ``coef * loss_sft`` micro-batch by micro-batch; also measures the demos' predictive entropy."""
-        num_tokens = float(sft_batch["loss_mask"].sum())
+        (num_tokens,) = distributed.all_sum(float(sft_batch["loss_mask"].sum()))  # data parallel: as in _rl_backward
         lengths = sft_batch["attention_mask"].sum(-1).tolist()
         nll, entropy_sum, trained_tokens = 0.0, 0.0, 0
         for rows in micro_batches(lengths, self.config.micro_batch_tokens):
@@ -253,11 +267,12 @@ class Trainer(TrainingRun):
             nll += float(part_nll.detach())
             entropy_sum += float(entropy[part["loss_mask"]].sum())
             trained_tokens += int(part["attention_mask"].sum())
+        nll, entropy_sum, trained_tokens = distributed.all_sum(nll, entropy_sum, trained_tokens)  # data parallel
         return {
             "loss_sft": coef * nll,
             "sft/nll": nll,
             "sft/entropy": entropy_sum / max(num_tokens, 1.0),
-            "tokens/trained_sft": trained_tokens,
+            "tokens/trained_sft": int(trained_tokens),
         }
 
     def check_retrieval(self, infos: Sequence[dict[str, Any]]) -> tuple[int, float]:
@@ -296,6 +311,7 @@ class Trainer(TrainingRun):
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self._sft_backward(self.sft_minibatch(self.step), 1.0)
+        self.sync_gradients()  # data parallel: sum the ranks' gradients
         sync()
         t_fwd_bwd = time.perf_counter() - start
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip or math.inf)

@@ -177,7 +177,8 @@ class HFSampler(TokenizerContext):
         tokenizer: its tokenizer (needs a pad token: `load_model` sets one).
         max_context: most tokens one row may hold; None means the model's `max_position_embeddings`.
         max_batch_size: rows per forward pass; a call with more prompts runs in length-sorted chunks.
-        seed: seed of the sampler's random generator (a call's `SamplingParams.seed` reseeds it).
+        seed: seed of the sampler's random generator (a call's `SamplingParams.seed` reseeds it; with
+            `SamplingParams.row_seeds` each row samples from a generator of its own seed instead).
         stop_token_ids: token ids that end a completion; None means the generation config's EOS ids plus
             the tokenizer's EOS id.
         cache_tokens: most tokens whose keys and values are kept between calls for prefix reuse (see the
@@ -259,6 +260,8 @@ class HFSampler(TokenizerContext):
             One `Completion` per prompt, in order; a row that cannot be generated (empty prompt, ids outside
             the vocabulary, a failing forward pass) is `finish_reason="error"` with the reason in `error`.
         """
+        if params.row_seeds is not None and len(params.row_seeds) != len(prompts):
+            raise ValueError(f"{len(params.row_seeds)} row seeds for {len(prompts)} prompts")
         if params.seed is not None:
             self._generator.manual_seed(params.seed)
         self._check_weights()
@@ -328,6 +331,11 @@ class HFSampler(TokenizerContext):
     def _decode(self, rows: list[_Row], params: SamplingParams) -> list[Completion]:
         """Generate for a batch of valid rows; rows leave the batch (and the KV cache) as they finish."""
         n = len(rows)
+        generators = None
+        if params.row_seeds is not None and params.temperature > 0:
+            generators = [torch.Generator(device=self.device) for _ in rows]
+            for generator, (i, _, _) in zip(generators, rows, strict=True):
+                generator.manual_seed(int(params.row_seeds[i]))
         matches = [self._match(ids) for _, ids, _ in rows]  # (kept sequence or None, its tokens reused)
         past = max(m for _, m in matches)
         fresh = [ids[m:] for (_, ids, _), (_, m) in zip(rows, matches, strict=True)]  # tokens to prefill
@@ -365,7 +373,8 @@ class HFSampler(TokenizerContext):
         reasons = ["length"] * n
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
-            token, logp = self._sample(out.logits[:, -1, :], params)  # (alive,), (alive,)
+            streams = None if generators is None else [generators[b] for b in alive]
+            token, logp = self._sample(out.logits[:, -1, :], params, streams)  # (alive,), (alive,)
             keep = []
             for j, (b, t, lp) in enumerate(zip(alive, token.tolist(), logp.tolist(), strict=True)):
                 tokens[b].append(t)
@@ -441,8 +450,13 @@ class HFSampler(TokenizerContext):
             )
         )
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob."""
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob.
+
+        `generators`: one per row (from `SamplingParams.row_seeds`); None draws every row from the sampler's own.
+        """
         logits = logits.float()
         if params.temperature <= 0:
             logp_all = torch.log_softmax(logits, dim=-1)
@@ -452,7 +466,11 @@ class HFSampler(TokenizerContext):
             if params.top_p < 1.0:
                 scores = _top_p_filter(scores, params.top_p)
             logp_all = torch.log_softmax(scores, dim=-1)
-            token = torch.multinomial(logp_all.exp(), 1, generator=self._generator).squeeze(-1)
+            probs = logp_all.exp()
+            if generators is None:
+                token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+            else:  # each row draws from its own stream, so its sample does not depend on its batch
+                token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)])
         return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
 
     def _hit_stop(self, tail: list[int], params: SamplingParams) -> bool:

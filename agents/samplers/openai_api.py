@@ -84,7 +84,8 @@ class OpenAISampler(TokenizerContext):
 
         Args:
             prompts: token-id lists, one per row.
-            params: sampling parameters; with a seed, row i is sent seed + i (so equal prompts differ).
+            params: sampling parameters; with a seed, row i is sent seed + i (so equal prompts differ), or
+                ``row_seeds[i]`` when given.
 
         Returns:
             One `Completion` per prompt, in order.
@@ -110,7 +111,9 @@ class OpenAISampler(TokenizerContext):
             }
             if params.stop:
                 body["stop"] = list(params.stop)
-            if params.seed is not None:
+            if params.row_seeds is not None:
+                body["seed"] = int(params.row_seeds[index])
+            elif params.seed is not None:
                 body["seed"] = params.seed + index
             body.update(self.extra_body)
             return self._parse(self._post(body)["choices"][0], params)
