@@ -442,9 +442,9 @@ def parse_config(
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
-    base = preset_config(argv_preset(args), config_cls, algo=algo, **defaults)
     token = _VALIDATE.set(False)
     try:
+        base = preset_config(argv_preset(args), config_cls, algo=algo, **defaults)  # checked with the flags, below
         config = tyro.cli(config_cls, default=base, args=args, description=description)
     finally:
         _VALIDATE.reset(token)
