@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import distributed_runs
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import distributed_runs
 from agents.collector import shard_range
 from agents.models import tiny_model
 from algos import distributed

@@ -470,7 +470,8 @@ class HFSampler(TokenizerContext):
             if generators is None:
                 token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
             else:  # each row draws from its own stream, so its sample does not depend on its batch
-                token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)])
+                draws = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)]
+                token = torch.cat(draws)
         return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
 
     def _hit_stop(self, tail: list[int], params: SamplingParams) -> bool:
