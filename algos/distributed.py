@@ -26,7 +26,9 @@ What each rank does in one step, and why the result equals one process's step on
   are summed with one all-reduce each.
 - Statistics: episode statistics (rewards, F1, the tie test, RED's batch accuracy) are computed from every
   rank's episodes (`gather_episodes`); token statistics (RL entropy, SFT entropy, losses) from summed
-  numerators and denominators. RED's weight is therefore the same on every rank. Timings are rank 0's.
+  numerators and denominators. RED's weight is therefore the same on every rank. Timings are rank 0's, and
+  so is the clock of a training-time budget (`algos.run.TrainingRun.steps`): every rank stops after the same
+  step.
 - Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
   (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes).
 - Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).

@@ -448,7 +448,9 @@ class TrainingRun:
             start = time.perf_counter()
             self.set_lr()
             metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
-            last_step = time.perf_counter() - start
+            # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set the
+            # same lr); a rank that stopped alone would leave the others waiting in a collective
+            last_step = distributed.broadcast_object(time.perf_counter() - start)
             self.elapsed += last_step
             metrics["time/elapsed"] = self.elapsed
             self._unsaved_metrics.append(metrics)
