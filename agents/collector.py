@@ -10,7 +10,7 @@ Data order is a seeded permutation of the question indices, reshuffled each epoc
 part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
 
     collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
-    for batch in collector:          # TensorDict of generations (see algos.batch.collate_trajectories)
+    for batch in collector:          # TensorDict of generations (see agents.collate.collate_trajectories)
         ...
         collector.update_policy_weights_()
 """
@@ -26,6 +26,11 @@ from torchrl.collectors import BaseCollector
 from agents.records import Trajectory
 
 
+def shard_range(n: int, rank: int, ranks: int) -> range:
+    """Rank `rank`'s contiguous share of `n` items split over `ranks` (sizes differ by at most one)."""
+    return range(n * rank // ranks, n * (rank + 1) // ranks)
+
+
 class RolloutCollector(BaseCollector):
     """Collects GRPO groups: G episodes per question, a batch of questions per iteration.
 
@@ -37,6 +42,9 @@ class RolloutCollector(BaseCollector):
         total_batches: stop after this many batches (-1: never).
         indices: question indices to draw from (default: all of the env's split).
         seed: seeds the data order and the agent's sampling.
+        shard: ``(rank, ranks)``: play only this rank's contiguous share of each batch's questions (whole groups;
+            data order, group ids and sampling seeds stay the global batch's, so the ranks together play what
+            one collector with ``(0, 1)`` plays).
     """
 
     def __init__(
@@ -48,13 +56,17 @@ class RolloutCollector(BaseCollector):
         total_batches: int = -1,
         indices: Sequence[int] | None = None,
         seed: int = 0,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if questions_per_batch < 1 or group_size < 1:
             raise ValueError("questions_per_batch and group_size must be >= 1")
+        if not 0 <= shard[0] < shard[1]:
+            raise ValueError(f"shard must be (rank, ranks) with 0 <= rank < ranks, got {shard}")
+        self.shard = shard
         self.agent = agent
         self.questions_per_batch, self.group_size = questions_per_batch, group_size
         self.total_batches = total_batches
-        self.envs = [env_fn() for _ in range(questions_per_batch * group_size)]
+        self.envs = [env_fn() for _ in range(-(-questions_per_batch // shard[1]) * group_size)]  # the largest share
         self.indices = np.asarray(indices if indices is not None else range(self.envs[0].unwrapped.num_examples))
         if len(self.indices) == 0:
             raise ValueError("no questions to collect on")
@@ -91,13 +103,10 @@ class RolloutCollector(BaseCollector):
         n = self.questions_per_batch if num_questions is None else num_questions
         if not 1 <= n <= self.questions_per_batch:
             raise ValueError(f"num_questions must lie in [1, {self.questions_per_batch}], got {n}")
-        questions = self._next_questions(n)
-        indices = [q for q in questions for _ in range(self.group_size)]
-        group_ids = [
-            self.batches_done * self.questions_per_batch + i
-            for i, _ in enumerate(questions)
-            for _ in range(self.group_size)
-        ]
+        questions = self._next_questions(n)  # every rank advances the data order by the whole batch
+        mine = shard_range(n, *self.shard)
+        indices = [questions[i] for i in mine for _ in range(self.group_size)]
+        group_ids = [self.batches_done * self.questions_per_batch + i for i in mine for _ in range(self.group_size)]
         envs = self.envs[: len(indices)]
         trajectories = self.agent.rollout(envs, indices, group_ids, seed=self.seed * 1_000_003 + self.batches_done)
         self.batches_done += 1
@@ -105,7 +114,7 @@ class RolloutCollector(BaseCollector):
         return trajectories
 
     def iterator(self) -> Iterator[Any]:
-        from algos.batch import collate_trajectories
+        from agents.collate import collate_trajectories
 
         pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
         while self.total_batches < 0 or self.batches_done < self.total_batches:

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+ROLES: tuple[str, ...] = ("agent", "planner", "executor")
+"""Who wrote a generation: the flat protocol's agent, or CoDA's planner and executor (`Generation.role`)."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,6 +32,9 @@ class SamplingParams:
     """Stop strings; the completion ends right after the first one (it is kept in the text)."""
     seed: int | None = None
     """Seed for the sampler's random generator; None continues its current stream."""
+    row_seeds: tuple[int, ...] | None = None
+    """One seed per prompt (over `seed`): each row's sample then depends on its own prompt and seed only, not on
+    which other rows share its batch (data-parallel ranks that split a batch sample what one process would)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ class Generation:
     sample_logprobs: tuple[float, ...]
     """Sampling log-prob of each token where loss_mask is 1, 0.0 elsewhere."""
     role: str
-    """"agent" (flat protocol), "planner" or "executor" (CoDA)."""
+    """One of `ROLES`: "agent" (flat protocol), "planner" or "executor" (CoDA)."""
     truncated_tokens: int = 0
     """Tokens dropped from the left of a prompt that exceeded the model's context (0 if none)."""
 

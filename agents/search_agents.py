@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from agents.records import Completion, Generation, SamplingParams, Trajectory
 from agents.samplers import Sampler, encode_chat, overflow
 
@@ -80,6 +82,8 @@ class _Slot:
     env: Any
     index: int
     group_id: int
+    member: int
+    """Which episode of its group this is (0..G-1): with the group id, what seeds its sampling."""
     context: _Context | None = None
     parked: list[_Context] = field(default_factory=list)
     """Contexts waiting for control to come back (a planner while its executor works)."""
@@ -90,6 +94,12 @@ class _Slot:
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     sampler_errors: int = 0
+
+
+def _row_seed(turn_seed: int, group_id: int, member: int) -> int:
+    """A 63-bit seed for one episode's sampling in one turn, mixed from the turn's seed, its group and member."""
+    words = np.random.SeedSequence([turn_seed & (2**64 - 1), group_id & (2**64 - 1), member]).generate_state(2)
+    return int((int(words[0]) << 31) ^ int(words[1])) & (2**63 - 1)
 
 
 class ContextAgent:
@@ -150,10 +160,12 @@ class ContextAgent:
             raise ValueError(f"{len(envs)} envs but {len(indices)} question indices")
         group_ids = list(group_ids) if group_ids is not None else list(indices)
         slots = []
+        members: dict[int, int] = {}
         for i, (env, index, group) in enumerate(zip(envs, indices, group_ids, strict=True)):
             self._check_env(env)
             obs, info = env.reset(seed=None if seed is None else seed + i, options={"index": int(index)})
-            slots.append(_Slot(env, int(index), int(group), context=self._open(info["role"], info)))
+            member = members[int(group)] = members.get(int(group), -1) + 1
+            slots.append(_Slot(env, int(index), int(group), member, context=self._open(info["role"], info)))
 
         turn = 0
         while live := [slot for slot in slots if not slot.done]:
@@ -179,7 +191,10 @@ class ContextAgent:
             sampler = self.executor_sampler if is_executor else self.sampler
             params = self.executor_params if is_executor else self.params
             if seed is not None:
-                params = SamplingParams(**{**params.__dict__, "seed": seed + int(is_executor)})
+                # a row's stream is a function of the turn's seed, its group and its place in the group, never of
+                # its batch: data-parallel ranks that split a step's groups sample exactly what one process would
+                row_seeds = tuple(_row_seed(seed + int(is_executor), live[i].group_id, live[i].member) for i in rows)
+                params = SamplingParams(**{**params.__dict__, "seed": seed + int(is_executor), "row_seeds": row_seeds})
             completions = sampler.generate([live[i].context.token_ids for i in rows], params)
             for i, completion in zip(rows, completions, strict=True):
                 context = live[i].context

@@ -56,20 +56,62 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from agents.collate import collate_trajectories
 from agents.records import Trajectory
-from algos.batch import collate_trajectories
-from algos.config import argv_preset
+from algos.config import Config, argv_preset, at_least, check_rules, positive, within
+from algos.run import main as train
 from algos.trainer import Trainer
-from algos.trainer import main as train
 from algos.value import TurnCritic, turn_features, turn_spans, whiten
 
-__all__ = ["ARCHER_DEFAULTS", "ARCHER_PRESETS", "ArCHerTrainer", "TurnReplay", "main"]
+__all__ = ["ARCHER_DEFAULTS", "ARCHER_PRESETS", "ArCHerConfig", "ArCHerTrainer", "TurnReplay", "main"]
+
+
+@dataclass(frozen=True)
+class ArCHerConfig(Config):
+    """Settings of an ArCHer run: the shared ones and the critic's."""
+
+    gamma: float = 1.0
+    """Discount per turn in the critic's TD target."""
+    whiten_advantages: bool = True
+    """Whiten the turns' advantages over the batch (mean 0, std 1)."""
+    critic_lr: float = 1e-3
+    """AdamW learning rate of the critic heads."""
+    critic_hidden: int = 256
+    """Hidden width of the Q and V heads."""
+    critic_updates: int = 8
+    """Critic gradient steps per training step, each on a minibatch drawn from the replay buffer."""
+    critic_batch_size: int = 64
+    """Turns per critic minibatch."""
+    replay_capacity: int = 4096
+    """Turns kept in the replay buffer (oldest dropped first)."""
+    target_update_every: int = 4
+    """Copy the critic into its target network every N critic updates."""
+    target_tau: float = 1.0
+    """Target refresh mix, target <- tau * critic + (1 - tau) * target (1.0: a hard copy)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_rules(
+            self,
+            (
+                ("gamma", within(0, 1), "in [0, 1]"),
+                ("critic_lr", positive, "> 0"),
+                ("critic_hidden", at_least(1), ">= 1"),
+                ("critic_updates", at_least(1), ">= 1"),
+                ("critic_batch_size", at_least(1), ">= 1"),
+                ("replay_capacity", at_least(1), ">= 1"),
+                ("target_update_every", at_least(1), ">= 1"),
+                ("target_tau", lambda v: 0 < v <= 1, "in (0, 1]"),
+            ),
+        )
+
 
 ARCHER_DEFAULTS: dict[str, object] = {"group_size": 1}
 """The entry point's defaults over every preset's (the critic is the baseline: no GRPO groups needed)."""
@@ -151,6 +193,8 @@ class TurnReplay:
 
 class ArCHerTrainer(Trainer):
     """The shared loop with ArCHer's turn-level critic for advantages (see the module docstring)."""
+
+    evaluates_held_out = False
 
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {**super().progress_fields(metrics), "q_loss": f"{metrics.get('critic/loss_q', float('nan')):.3f}"}
@@ -273,8 +317,7 @@ class ArCHerTrainer(Trainer):
     # --- the step ----------------------------------------------------------------------------------------
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
         cfg = self.config
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id, adv=torch.zeros_like(rewards))
+        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
         if cfg.recompute_old_logp:
             self._old_logp(batch)
         turns, places = self.encode_turns(trajectories)
@@ -310,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = list(sys.argv[1:] if argv is None else argv)
     defaults = {**ARCHER_DEFAULTS, **ARCHER_PRESETS[argv_preset(args)]}
-    return train(args, algo="archer", description=__doc__, trainer_cls=ArCHerTrainer, **defaults)
+    return train(
+        args, algo="archer", description=__doc__, trainer_cls=ArCHerTrainer, config_cls=ArCHerConfig, **defaults
+    )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,15 @@
-"""From trajectory records to padded tensors for the losses, and per-token log-probs of a causal LM.
+"""Per-token log-probs of a causal LM over padded batches, and how a batch is cut into micro-batches.
 
-Layout. Every batch is a `tensordict.TensorDict` with batch size ``(N,)``, one row per model context
-(generation); sequences are right-padded to the longest, ``T`` tokens. Per-token training tensors
-(``loss_mask``, ``old_logp``, and what `token_logprobs` returns) have ``T - 1`` columns and are
-*shifted*: column ``t`` is about predicting ``input_ids[:, t + 1]`` from ``input_ids[:, : t + 1]``,
-the position a causal LM's logits ``[:, t]`` score. So ``input_ids[:, 1:][loss_mask]`` are exactly the
-tokens the loss trains on, and ``logp``, ``old_logp`` and ``loss_mask`` line up element by element.
+Batches are `agents.collate`'s layout: ``input_ids`` and ``attention_mask`` ``(N, T)``, right-padded, and
+per-token tensors ``(N, T-1)`` *shifted*, column ``t`` scoring ``input_ids[:, t + 1]``. What this module
+returns is shifted alike, so ``logp``, ``old_logp`` and ``loss_mask`` line up element by element:
 
-    adv = group_advantages(rewards, group_id)  # (B,) done inside collate_trajectories
-    batch = collate_trajectories(trajectories, pad_token_id=tok.pad_token_id)
-    logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (N, T-1)
-    terms = policy_loss(logp, batch["old_logp"], batch["adv"], batch["loss_mask"])
+    batch = collate_trajectories(trajectories, pad_token_id=tok.pad_token_id)     # agents.collate
+    batch["adv"] = group_advantages(rewards, group_id)[batch["episode_id"]]       # (N,)
+    for rows in micro_batches(batch["attention_mask"].sum(-1).tolist(), max_tokens=16384):
+        part = trim_rows(batch, rows, device)                                     # (n, L) and (n, L-1)
+        logp = token_logprobs(model, part["input_ids"], part["attention_mask"])   # (n, L-1)
+        terms = policy_loss(logp, part["old_logp"], part["adv"], part["loss_mask"])
 """
 
 from __future__ import annotations
@@ -22,127 +21,17 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from agents.records import Generation, Trajectory
-from algos.losses import group_advantages
+from agents.records import Trajectory
 
 __all__ = [
-    "ROLES",
     "answer_accuracy",
-    "collate_sft",
-    "collate_trajectories",
+    "masked_head_matches",
+    "masked_token_logprobs",
+    "micro_batches",
     "token_logprobs",
     "token_logprobs_and_entropy",
+    "trim_rows",
 ]
-
-ROLES: tuple[str, ...] = ("agent", "planner", "executor")
-"""Generation roles; a batch's ``role_id`` is the index of the role in this tuple."""
-
-SFTDemo = Generation | tuple[Sequence[int], Sequence[int]]
-"""A demonstration: a `Generation` (its ``loss_mask`` marks the assistant tokens) or a pair
-``(token_ids, assistant_mask)`` such as a chat template's ``input_ids`` and ``assistant_masks``."""
-
-
-def _pad(rows: Sequence[Sequence[int | float]], length: int, value: int | float, dtype: torch.dtype) -> Tensor:
-    """Right-pads ``rows`` to ``length`` into one ``(len(rows), length)`` tensor."""
-    out = torch.full((len(rows), length), value, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
-
-
-def _check_first_token(loss_mask: Sequence[int], what: str) -> None:
-    if len(loss_mask) and loss_mask[0]:
-        raise ValueError(f"{what}: the first token is masked in, but nothing precedes it to predict it from")
-
-
-def collate_trajectories(
-    trajectories: Sequence[Trajectory],
-    *,
-    pad_token_id: int = 0,
-    adv: Tensor | None = None,
-) -> TensorDict:
-    """Pads every generation of every trajectory into one RL batch.
-
-    Each generation inherits its episode's advantage (GRPO over episodes; a CoDA episode's planner and
-    executor contexts share it, as CoDA's PECO does).
-
-    Args:
-        trajectories: Episodes, ``B`` of them, holding ``N`` generations in all.
-        pad_token_id: Id written into padding (never attended to nor trained on).
-        adv: Advantage per episode, ``(B,)``. None computes ``group_advantages(rewards, group_id)`` with its
-            defaults from the trajectories' rewards and group ids.
-
-    Returns:
-        A TensorDict of batch size ``(N,)`` with ``input_ids`` ``(N, T)`` long, ``attention_mask``
-        ``(N, T)`` long, ``loss_mask`` ``(N, T-1)`` bool (shifted, see the module docstring),
-        ``old_logp`` ``(N, T-1)`` float (sampling log-probs, shifted likewise, 0 off the mask), and per
-        generation ``(N,)``: ``adv`` and ``reward`` (float), ``group_id``, ``episode_id`` (index into
-        ``trajectories``) and ``role_id`` (index into `ROLES`) (long).
-
-    Raises:
-        ValueError: No generations, an unknown role, a mask on a first token, or ``adv`` of the wrong shape.
-    """
-    rewards = torch.tensor([traj.reward for traj in trajectories], dtype=torch.float32)  # (B,)
-    group_id = torch.tensor([traj.group_id for traj in trajectories], dtype=torch.long)  # (B,)
-    if adv is None:
-        adv = group_advantages(rewards, group_id)  # (B,)
-    if adv.shape != rewards.shape:
-        raise ValueError(f"adv must have shape {tuple(rewards.shape)} (one per trajectory), got {tuple(adv.shape)}")
-    generations = [gen for traj in trajectories for gen in traj.generations]
-    if not generations:
-        raise ValueError("no generations to collate")
-    episode_id = torch.tensor([b for b, traj in enumerate(trajectories) for _ in traj.generations])  # (N,)
-    for gen in generations:
-        if gen.role not in ROLES:
-            raise ValueError(f"unknown role {gen.role!r}; expected one of {ROLES}")
-        _check_first_token(gen.loss_mask, f"generation of role {gen.role!r}")
-    length = max(len(gen.token_ids) for gen in generations)
-    return TensorDict(
-        {
-            "input_ids": _pad([gen.token_ids for gen in generations], length, pad_token_id, torch.long),
-            "attention_mask": _pad([[1] * len(gen.token_ids) for gen in generations], length, 0, torch.long),
-            "loss_mask": _pad([gen.loss_mask[1:] for gen in generations], length - 1, 0, torch.bool),
-            "old_logp": _pad([gen.sample_logprobs[1:] for gen in generations], length - 1, 0.0, torch.float32),
-            "adv": adv.detach().to("cpu", torch.float32)[episode_id],
-            "reward": rewards[episode_id],
-            "group_id": group_id[episode_id],
-            "episode_id": episode_id,
-            "role_id": torch.tensor([ROLES.index(gen.role) for gen in generations], dtype=torch.long),
-        },
-        batch_size=[len(generations)],
-    )
-
-
-def collate_sft(demos: Sequence[SFTDemo], *, pad_token_id: int = 0) -> TensorDict:
-    """Pads SFT demonstrations into the same layout as `collate_trajectories`.
-
-    Args:
-        demos: Chat-formatted token ids with 1 on the assistant tokens (see `SFTDemo`).
-        pad_token_id: Id written into padding.
-
-    Returns:
-        A TensorDict of batch size ``(N,)`` with ``input_ids`` ``(N, T)``, ``attention_mask`` ``(N, T)``
-        and the shifted ``loss_mask`` ``(N, T-1)`` bool.
-
-    Raises:
-        ValueError: No demos, ids and mask of different lengths, or a mask on a first token.
-    """
-    if not demos:
-        raise ValueError("no demonstrations to collate")
-    pairs = [(demo.token_ids, demo.loss_mask) if isinstance(demo, Generation) else demo for demo in demos]
-    for i, (token_ids, mask) in enumerate(pairs):
-        if len(token_ids) != len(mask):
-            raise ValueError(f"demo {i}: {len(token_ids)} token ids but {len(mask)} mask entries")
-        _check_first_token(mask, f"demo {i}")
-    length = max(len(token_ids) for token_ids, _ in pairs)
-    return TensorDict(
-        {
-            "input_ids": _pad([list(ids) for ids, _ in pairs], length, pad_token_id, torch.long),
-            "attention_mask": _pad([[1] * len(ids) for ids, _ in pairs], length, 0, torch.long),
-            "loss_mask": _pad([list(mask)[1:] for _, mask in pairs], length - 1, 0, torch.bool),
-        },
-        batch_size=[len(pairs)],
-    )
 
 
 def answer_accuracy(trajectories: Sequence[Trajectory]) -> float:
@@ -150,6 +39,110 @@ def answer_accuracy(trajectories: Sequence[Trajectory]) -> float:
     if not trajectories:
         raise ValueError("no trajectories")
     return sum(float(traj.info.get("f1", 0.0)) > 0 for traj in trajectories) / len(trajectories)
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int, max_padding: float = 0.05) -> list[list[int]]:
+    """Split rows into micro-batches of at most `max_tokens` padded tokens (rows x longest row) whose padding is at
+    most `max_padding` of their padded tokens.
+
+    Each micro-batch runs trimmed to its longest row (`trim_rows`), so its padding is what its shorter rows
+    lack; with every micro-batch under `max_padding`, so is the whole pass. Rows are taken longest first and a row
+    joins the current micro-batch while both bounds hold, else it starts the next one: rows of similar length
+    share a micro-batch, and a row longer than `max_tokens` gets one of its own. Lengths spread wider than
+    `max_padding` give more, smaller micro-batches (`max_padding=1` groups by the token budget alone).
+
+    Args:
+        lengths: Real (unpadded) length of each row.
+        max_tokens: Budget of padded tokens per micro-batch.
+        max_padding: Largest share of a micro-batch's padded tokens that may be padding.
+
+    Returns:
+        Lists of row indices.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    padding = 0  # padding tokens of the current micro-batch
+    for i in order:
+        if out:
+            longest, rows = lengths[out[-1][0]], len(out[-1]) + 1
+            extra = longest - lengths[i]
+            if rows * longest <= max_tokens and padding + extra <= max_padding * rows * longest:
+                out[-1].append(i)
+                padding += extra
+                continue
+        out.append([i])
+        padding = 0
+    return out
+
+
+def trim_rows(batch: TensorDict, rows: Sequence[int], device: torch.device | str) -> TensorDict:
+    """Rows of a padded batch trimmed to their longest real length ``L`` (per-token tensors to ``L-1``), on `device`."""
+    part = batch[torch.tensor(list(rows))]
+    length = int(part["attention_mask"].sum(-1).max())
+    out = {}
+    for key, value in part.items():
+        if value.ndim == 2:  # (n, T) ids and attention mask; (n, T-1) per-token tensors (loss_mask, old_logp, ...)
+            value = value[:, : length if key in ("input_ids", "attention_mask") else length - 1]
+        out[key] = value
+    return TensorDict(out, batch_size=[len(rows)]).to(device)
+
+
+def masked_token_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs` computed only where `mask` is set: the LM head runs on those positions only.
+
+    In RL contexts most tokens are prompt and observations (mask 0); projecting only the sampled positions
+    onto the vocabulary saves most of the LM head's compute and the (tokens, vocab) logit memory.
+
+    Args:
+        model: A Hugging Face causal LM with `get_decoder()` and `get_output_embeddings()` whose logits are
+            the plain projection of the decoder's last hidden state (`masked_head_matches` checks it).
+        input_ids: ``(n, L)`` right-padded ids.
+        attention_mask: ``(n, L)``.
+        mask: ``(n, L-1)`` bool, shifted (column t scores token t+1).
+        temperature: Divides the logits.
+        with_entropy: Also return the (detached) predictive entropy at the masked positions.
+
+    Returns:
+        ``(logp, entropy)``: ``(n, L-1)`` float32, 0 off the mask; entropy likewise or None.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = hidden.last_hidden_state[:, :-1][mask]  # (M, H): only the positions the loss sees
+    logits = model.get_output_embeddings()(hidden).float()  # (M, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = input_ids[:, 1:][mask]  # (M,)
+    picked = -F.cross_entropy(logits, target, reduction="none")  # (M,)
+    logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            log_probs = logits.detach().log_softmax(-1)  # (M, V)
+            h = -(log_probs.exp() * log_probs).sum(-1)  # (M,)
+            entropy = torch.zeros_like(logp).masked_scatter(mask, h)
+    return logp, entropy
+
+
+def masked_head_matches(model: nn.Module, vocab_size: int, device: torch.device | str) -> bool:
+    """Whether `masked_token_logprobs` reproduces `token_logprobs` for `model` (no logit scaling or soft-capping
+    after the LM head); where it does not, a trainer keeps the full-vocabulary path."""
+    ids = torch.tensor([[1, 5, 17, 300, 42, 7, 99, 3]], device=device) % vocab_size
+    attn = torch.ones_like(ids)
+    mask = torch.ones(1, ids.shape[1] - 1, dtype=torch.bool, device=device)
+    try:
+        with torch.no_grad():
+            fast, _ = masked_token_logprobs(model, ids, attn, mask)
+            full = token_logprobs(model, ids, attn)
+    except (AttributeError, NotImplementedError, TypeError):
+        return False
+    return bool(torch.allclose(fast, full, atol=1e-4, rtol=1e-4))
 
 
 def _logprobs(

@@ -27,6 +27,7 @@ import argparse
 import contextvars
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,10 @@ class Config:
     """Env protocol and agent: flat (Search-R1 agent) or coda (Planner/Executor agent)."""
     split: str = "train"
     """HotpotQA split the questions (and the oracle demonstrations) come from."""
+    data_path: str | None = None
+    """An official data file (HotpotQA JSON, or JSON lines) to train on instead of the bundled split."""
+    corpus_path: str | None = None
+    """A Search-R1-format corpus file (JSON lines of {"id", "contents"}) to search instead of the bundled corpus."""
     retriever: str = "bm25"
     """Retriever of the env: bm25, bm25-matrix, dense, hybrid, or a server URL (unused with corpus=distractor)."""
     retriever_timeout: float = 30.0
@@ -111,6 +116,9 @@ class Config:
     instructions: Literal["search-r1", "short"] = "search-r1"
     """System prompts of the env: search-r1 (Search-R1's prompt with <refine>) or short (the same protocol in half
     the tokens: every context starts with them)."""
+    observation_format: Literal["redcoda", "search_r1"] = "redcoda"
+    """How search results read: redcoda (Doc 1 (Title: "..") text, cut to max_passage_words) or search_r1 (Search-R1's
+    trainer's Doc 1(Title: "..") text, whole passages: to go on training or evaluating a Search-R1 checkpoint)."""
     query_action_format: Literal["tag", "raw"] = "tag"
     """Query-rewrite env only: tag (the query inside <query>..</query>) or raw (the whole reply is the query)."""
     num_questions: int | None = None
@@ -169,34 +177,6 @@ class Config:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (Schulman's k1/k2/k3)."""
 
-    # --- PPO (algos.ppo) and ArCHer (algos.archer) ----------------------------------------------------------
-    gamma: float = 1.0
-    """Discount per sampled token (PPO's GAE) or per turn (ArCHer's TD target)."""
-    gae_lambda: float = 0.95
-    """PPO: GAE lambda."""
-    vf_coef: float = 0.1
-    """PPO: coefficient of the value loss."""
-    value_lr: float = 1e-4
-    """PPO: AdamW learning rate of the value head (the shared backbone trains at lr)."""
-    vf_clip: float | None = 0.2
-    """PPO: clip of the new value around the old one in the value loss; None: no value clipping."""
-    whiten_advantages: bool = True
-    """PPO and ArCHer: whiten advantages over the batch's sampled tokens (mean 0, std 1)."""
-    critic_lr: float = 1e-3
-    """ArCHer: AdamW learning rate of the critic heads."""
-    critic_hidden: int = 256
-    """ArCHer: hidden width of the Q and V heads."""
-    critic_updates: int = 8
-    """ArCHer: critic gradient steps per training step, each on a minibatch drawn from the replay buffer."""
-    critic_batch_size: int = 64
-    """ArCHer: turns per critic minibatch."""
-    replay_capacity: int = 4096
-    """ArCHer: turns kept in the replay buffer (oldest dropped first)."""
-    target_update_every: int = 4
-    """ArCHer: copy the critic into its target network every N critic updates."""
-    target_tau: float = 1.0
-    """ArCHer: target refresh mix, target <- tau * critic + (1 - tau) * target (1.0: a hard copy)."""
-
     # --- SFT term ----------------------------------------------------------------------------------------
     sft_coef: float = 0.1
     """Coefficient of the SFT cross-entropy on oracle demonstrations (times the rule's weight)."""
@@ -219,6 +199,8 @@ class Config:
     settings as training) at the end of the run; 0 skips the evaluation."""
     eval_split: str = "dev"
     """Split of the held-out questions (never the training split)."""
+    eval_data_path: str | None = None
+    """A data file of held-out questions (with --data-path); None: eval_split of the bundled data."""
     eval_batch_size: int = 50
     """Episodes per batched evaluation rollout."""
 
@@ -244,10 +226,7 @@ class Config:
         Raises:
             ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
         """
-        for name, ok, rule in _RULES:
-            value = getattr(self, name)
-            if value is not None and not ok(value):
-                raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
+        check_rules(self, _RULES)
         if self.algo in ("grpo", "grpo_sft", "red_grpo") and self.group_size < 2:
             raise ValueError(
                 f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
@@ -260,6 +239,12 @@ class Config:
             )
         if self.eval_questions and self.eval_split == self.split:
             raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share
+        for name in ("questions_per_step", "sft_batch_size"):
+            if ranks > 1 and getattr(self, name) < ranks:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= the {ranks} data-parallel ranks, got {getattr(self, name)}"
+                )
 
     # --- derived -----------------------------------------------------------------------------------------
     @property
@@ -298,6 +283,12 @@ class Config:
                 "action_format": self.query_action_format,
                 **server,
             }
+        optional = {  # passed only when set: the settings of existing runs (and their caches' keys) stay as they were
+            "protocol": self.protocol if self.env else None,  # the default env ids fix the protocol already
+            "data_path": self.data_path,
+            "corpus_path": self.corpus_path,
+            "observation_format": None if self.observation_format == "redcoda" else self.observation_format,
+        }
         return {
             "split": self.split,
             "corpus": self.corpus,
@@ -309,6 +300,7 @@ class Config:
             "max_executor_turns": self.max_executor_turns,
             "instructions": self.instructions,
             **server,
+            **{name: value for name, value in optional.items() if value is not None},
         }
 
     @property
@@ -339,11 +331,6 @@ class Config:
     def recompute_old_logp(self) -> bool:
         """Whether old log-probs are recomputed by the training model rather than taken from the sampler."""
         return self.old_logp == "recompute" or (self.old_logp == "auto" and self.use_bf16)
-
-    @property
-    def uses_sft(self) -> bool:
-        """Whether the algorithm has an SFT term at all."""
-        return self.algo not in ("grpo", "ppo", "archer") and self.sft_coef > 0
 
 
 PRESETS: dict[str, dict[str, object]] = {
@@ -395,19 +382,20 @@ PRESETS: dict[str, dict[str, object]] = {
 """Each preset's changes to the dataclass defaults (gpu: none, the seed's defaults)."""
 
 
-def preset_config(preset: PresetName, **overrides: object) -> Config:
+def preset_config(preset: PresetName, config_cls: type[Config] = Config, **overrides: object) -> Config:
     """The config of a named preset, with `overrides` applied on top.
 
     Args:
         preset: gpu, cpu or tiny.
+        config_cls: `Config`, or a learner's settings class that extends it (`algos.ppo.PPOConfig`, ...).
         **overrides: field values that replace the preset's.
 
     Returns:
-        A `Config`.
+        A `config_cls`.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    return dataclasses.replace(Config(), **{"preset": preset, **PRESETS[preset], **overrides})
+    return dataclasses.replace(config_cls(), **{"preset": preset, **PRESETS[preset], **overrides})
 
 
 def default_preset() -> PresetName:
@@ -425,7 +413,12 @@ def argv_preset(args: Sequence[str]) -> PresetName:
 
 
 def parse_config(
-    argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None, **defaults: object
+    argv: Sequence[str] | None = None,
+    *,
+    algo: AlgoName,
+    description: str | None = None,
+    config_cls: type[Config] = Config,
+    **defaults: object,
 ) -> Config:
     """Parse a command line into a `Config`: the preset first (``--preset``), then every other flag.
 
@@ -433,6 +426,7 @@ def parse_config(
         argv: Arguments without the program name; None reads sys.argv.
         algo: The entry point's algorithm (its default for ``--algo``).
         description: Text shown at the top of ``--help``.
+        config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
         **defaults: Entry-point defaults applied on top of the preset (flags still override them).
 
     Returns:
@@ -447,10 +441,10 @@ def parse_config(
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
-    base = preset_config(argv_preset(args), algo=algo, **defaults)
     token = _VALIDATE.set(False)
     try:
-        config = tyro.cli(Config, default=base, args=args, description=description)
+        base = preset_config(argv_preset(args), config_cls, algo=algo, **defaults)  # checked with the flags, below
+        config = tyro.cli(config_cls, default=base, args=args, description=description)
     finally:
         _VALIDATE.reset(token)
     try:
@@ -465,68 +459,67 @@ _VALIDATE: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_confi
 """False while `parse_config` lets tyro build a Config, so that the checks run after, as a one-line usage error."""
 
 
-def _positive(value: float) -> bool:
+def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
+    """Raise ValueError naming the first field of `config` whose value breaks its rule (None values pass)."""
+    for name, ok, rule in rules:
+        value = getattr(config, name)
+        if value is not None and not ok(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
+
+
+def positive(value: float) -> bool:
+    """A rule of `check_rules`: finite and > 0."""
     return value > 0 and math.isfinite(value)
 
 
-def _at_least(low: float) -> Callable[[float], bool]:
+def at_least(low: float) -> Callable[[float], bool]:
+    """A rule of `check_rules`: >= low."""
     return lambda value: value >= low
 
 
-def _within(low: float, high: float) -> Callable[[float], bool]:
+def within(low: float, high: float) -> Callable[[float], bool]:
+    """A rule of `check_rules`: in [low, high]."""
     return lambda value: low <= value <= high
 
 
 _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
-    ("steps", _at_least(1), ">= 1"),
-    ("torch_threads", _at_least(1), ">= 1"),
-    ("lora_rank", _at_least(1), ">= 1"),
+    ("steps", at_least(1), ">= 1"),
+    ("torch_threads", at_least(1), ">= 1"),
+    ("lora_rank", at_least(1), ">= 1"),
     ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("top_k", _at_least(1), ">= 1"),
-    ("max_passage_words", _at_least(1), ">= 1"),
-    ("max_search_turns", _at_least(1), ">= 1"),
-    ("max_planner_turns", _at_least(1), ">= 1"),
-    ("num_questions", _at_least(1), ">= 1"),
-    ("retriever_timeout", _positive, "> 0"),
-    ("retriever_retries", _at_least(0), ">= 0"),
-    ("max_retrieval_error_rate", _within(0, 1), "in [0, 1]"),
-    ("questions_per_step", _at_least(1), ">= 1"),
-    ("tie_probe_questions", _at_least(1), ">= 1"),
-    ("max_train_minutes", _positive, "> 0"),
-    ("eval_questions", _at_least(0), ">= 0 (0 skips the held-out evaluation)"),
-    ("eval_batch_size", _at_least(1), ">= 1"),
-    ("group_size", _at_least(1), ">= 1"),
-    ("max_new_tokens", _at_least(1), ">= 1"),
-    ("temperature", _positive, "> 0 (sampling divides the logits by it)"),
+    ("top_k", at_least(1), ">= 1"),
+    ("max_passage_words", at_least(1), ">= 1"),
+    ("max_search_turns", at_least(1), ">= 1"),
+    ("max_planner_turns", at_least(1), ">= 1"),
+    ("num_questions", at_least(1), ">= 1"),
+    ("retriever_timeout", positive, "> 0"),
+    ("retriever_retries", at_least(0), ">= 0"),
+    ("max_retrieval_error_rate", within(0, 1), "in [0, 1]"),
+    ("questions_per_step", at_least(1), ">= 1"),
+    ("tie_probe_questions", at_least(1), ">= 1"),
+    ("max_train_minutes", positive, "> 0"),
+    ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
+    ("eval_batch_size", at_least(1), ">= 1"),
+    ("group_size", at_least(1), ">= 1"),
+    ("max_new_tokens", at_least(1), ">= 1"),
+    ("temperature", positive, "> 0 (sampling divides the logits by it)"),
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("max_context_tokens", _at_least(1), ">= 1"),
-    ("sampler_batch_size", _at_least(1), ">= 1"),
-    ("lr", _positive, "> 0"),
-    ("weight_decay", _at_least(0), ">= 0"),
-    ("grad_clip", _at_least(0), ">= 0 (0 disables clipping)"),
-    ("micro_batch_tokens", _at_least(1), ">= 1"),
-    ("update_epochs", _at_least(1), ">= 1"),
-    ("clip_eps", _positive, "> 0"),
-    ("clip_eps_high", _positive, "> 0"),
-    ("kl_coef", _at_least(0), ">= 0"),
-    ("gamma", _within(0, 1), "in [0, 1]"),
-    ("gae_lambda", _within(0, 1), "in [0, 1]"),
-    ("vf_coef", _at_least(0), ">= 0"),
-    ("value_lr", _positive, "> 0"),
-    ("vf_clip", _positive, "> 0"),
-    ("critic_lr", _positive, "> 0"),
-    ("critic_hidden", _at_least(1), ">= 1"),
-    ("critic_updates", _at_least(1), ">= 1"),
-    ("critic_batch_size", _at_least(1), ">= 1"),
-    ("replay_capacity", _at_least(1), ">= 1"),
-    ("target_update_every", _at_least(1), ">= 1"),
-    ("target_tau", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("sft_coef", _at_least(0), ">= 0"),
-    ("sft_batch_size", _at_least(1), ">= 1"),
-    ("sft_num_demos", _at_least(1), ">= 1"),
-    ("red_max_factor", _at_least(1), ">= 1"),
+    ("max_context_tokens", at_least(1), ">= 1"),
+    ("sampler_batch_size", at_least(1), ">= 1"),
+    ("lr", positive, "> 0"),
+    ("weight_decay", at_least(0), ">= 0"),
+    ("grad_clip", at_least(0), ">= 0 (0 disables clipping)"),
+    ("micro_batch_tokens", at_least(1), ">= 1"),
+    ("update_epochs", at_least(1), ">= 1"),
+    ("clip_eps", positive, "> 0"),
+    ("clip_eps_high", positive, "> 0"),
+    ("kl_coef", at_least(0), ">= 0"),
+    ("sft_coef", at_least(0), ">= 0"),
+    ("sft_batch_size", at_least(1), ">= 1"),
+    ("sft_num_demos", at_least(1), ">= 1"),
+    ("red_max_factor", at_least(1), ">= 1"),
     ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("save_every", _at_least(0), ">= 0 (0: only the final checkpoint)"),
-    ("keep_checkpoints", _at_least(1), ">= 1"),
+    ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
+    ("keep_checkpoints", at_least(1), ">= 1"),
 )
 """Settings that cannot train, as (field, test its value must pass, the rule in words); None values pass."""

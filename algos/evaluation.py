@@ -41,10 +41,19 @@ _LABELS = {
 
 
 def held_out_settings(config: Any) -> dict[str, Any]:
-    """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key."""
+    """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key.
+
+    The env is the run's own (`Config.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
+    training ones: ``eval_data_path``, else the bundled ``eval_split``.
+    """
+    env_kwargs = {**config.env_kwargs, "split": config.eval_split}
+    env_kwargs.pop("data_path", None)
+    if config.eval_data_path is not None:
+        env_kwargs["data_path"] = config.eval_data_path
     return {
         "agent": "coda" if config.protocol == "coda" else "search_r1",
-        "env_kwargs": {**config.env_kwargs, "split": config.eval_split},
+        **({"env_id": config.env_id} if config.env else {}),  # the default ids follow from the agent's protocol
+        "env_kwargs": env_kwargs,
         "questions": int(config.eval_questions),
         "max_new_tokens": config.max_new_tokens,
         "max_context_tokens": config.max_context_tokens,
@@ -64,23 +73,31 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
         A `benchmarks.evaluate.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
         also gets ``num_tasks``), with ``settings`` added.
     """
-    from benchmarks.evaluate import evaluate
+    from algos import distributed
+    from benchmarks.evaluate import METRICS, evaluate
     from benchmarks.stats import mean_ci
 
     settings = held_out_settings(config)
+    world = distributed.World(*_rank_and_size())
     result = evaluate(
         settings["agent"],
         model,
         split=config.eval_split,
+        indices=distributed.shard(range(settings["questions"]), world) if world.enabled else None,
         limit=settings["questions"],
         batch=config.eval_batch_size,
         seed=settings["seed"],
         temperature=0.0,
         max_new_tokens=settings["max_new_tokens"],
+        env_id=config.env_id,
         env_kwargs=settings["env_kwargs"],
         max_context_tokens=settings["max_context_tokens"],
-        progress=config.progress,
+        progress=config.progress and world.is_main,
     )
+    if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
+        result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
+        result["n"] = len(result["predictions"])
+        result["metrics"] = {m: mean_ci([p[m] for p in result["predictions"]]).as_dict() for m in METRICS}
     if label is not None:
         result["model"] = label
     if settings["agent"] == "coda":
@@ -110,23 +127,30 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     """Score the trainer's current model and the model it started from on the held-out questions.
 
     Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the table) into the
-    run directory.
+    run directory. Under data parallelism every rank scores its share of the questions and rank 0 alone
+    writes (the other ranks return an empty dict).
 
     Returns:
         ``{"before", "after", "table", "settings"}``; before and after are `benchmarks.evaluate.evaluate`
         results (``metrics[name]`` is ``{"mean", "low", "high", "n"}``).
     """
+    from algos import distributed
+
     config = trainer.config
+    main = trainer.world.is_main
     cache = _starting_model_cache(config)
-    if cache.is_file():
-        before = json.loads(cache.read_text())
+    if distributed.broadcast_object(cache.is_file()):  # rank 0 decides: every rank takes the same branch
+        before = json.loads(cache.read_text()) if main else {}
         logger.info("starting model's held-out scores from %s", cache)
     else:
         start_model, tokenizer = trainer.build_model()
         before = score_held_out((start_model, tokenizer), config, label="start")
         del start_model
-        _write_json(cache, before)
+        if main:
+            _write_json(cache, before)
     after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
+    if not main:  # data-parallel ranks besides 0 scored their share and write nothing
+        return {}
     table = format_before_after(before, after, config)
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
     _write_json(trainer.run_dir / "eval.json", result)
@@ -179,3 +203,11 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _rank_and_size() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -36,19 +36,53 @@ Run (default env RedCoda-QueryRewrite-v0; the flat QA env with ``--env-id RedCod
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-from algos.batch import collate_trajectories
-from algos.config import QUERY_REWRITE_ENV, argv_preset
+from agents.collate import collate_trajectories
+from algos.batch import micro_batches
+from algos.config import QUERY_REWRITE_ENV, Config, argv_preset, at_least, check_rules, positive, within
 from algos.losses import policy_loss
-from algos.trainer import Trainer, micro_batches
-from algos.trainer import main as train
+from algos.run import main as train
+from algos.trainer import Trainer
 from algos.value import ValueHead, episode_gae, logprobs_and_values, value_loss, whiten
 
-__all__ = ["PPO_DEFAULTS", "PPO_PRESETS", "PPOTrainer", "main", "token_rewards"]
+__all__ = ["PPO_DEFAULTS", "PPO_PRESETS", "PPOConfig", "PPOTrainer", "main", "token_rewards"]
+
+
+@dataclass(frozen=True)
+class PPOConfig(Config):
+    """Settings of a PPO run: the shared ones and the value head's."""
+
+    gamma: float = 1.0
+    """Discount per sampled token in GAE."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    vf_coef: float = 0.1
+    """Coefficient of the value loss."""
+    value_lr: float = 1e-4
+    """AdamW learning rate of the value head (the shared backbone trains at lr)."""
+    vf_clip: float | None = 0.2
+    """Clip of the new value around the old one in the value loss; None: no value clipping."""
+    whiten_advantages: bool = True
+    """Whiten advantages over the batch's sampled tokens (mean 0, std 1)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_rules(
+            self,
+            (
+                ("gamma", within(0, 1), "in [0, 1]"),
+                ("gae_lambda", within(0, 1), "in [0, 1]"),
+                ("vf_coef", at_least(0), ">= 0"),
+                ("value_lr", positive, "> 0"),
+                ("vf_clip", positive, "> 0"),
+            ),
+        )
+
 
 PPO_DEFAULTS: dict[str, object] = {
     "env": QUERY_REWRITE_ENV,
@@ -140,7 +174,7 @@ class PPOTrainer(Trainer):
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
         cfg = self.config
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id, adv=torch.zeros_like(rewards))
+        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
         mask = batch["loss_mask"]  # (N, T-1)
         old_values = torch.zeros(mask.shape)  # (N, T-1)
         old_logp = torch.zeros(mask.shape)  # (N, T-1)
@@ -209,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = list(sys.argv[1:] if argv is None else argv)
     defaults = {**PPO_DEFAULTS, **PPO_PRESETS[argv_preset(args)]}
-    return train(args, algo="ppo", description=__doc__, trainer_cls=PPOTrainer, **defaults)
+    return train(args, algo="ppo", description=__doc__, trainer_cls=PPOTrainer, config_cls=PPOConfig, **defaults)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def logprobs_and_values(
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the sampled tokens and their states' values, from one pass through the decoder.
 
-    The LM head and the value head run at the masked positions only (as `algos.trainer.masked_token_logprobs`).
+    The LM head and the value head run at the masked positions only (as `algos.batch.masked_token_logprobs`).
 
     Args:
         model: A Hugging Face causal LM with ``get_decoder()`` and ``get_output_embeddings()``.

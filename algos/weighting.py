@@ -52,27 +52,24 @@ class SFTWeighting(Protocol):
 
 
 class _Constant:
-    """A rule whose weight never changes (no state to keep)."""
+    """A rule whose weight never changes: it ignores the entropies and accuracy, and has no state to keep."""
 
     value: ClassVar[float]
 
     def weight(self, *, rl_entropy: float, batch_accuracy: float) -> float:
-        """Returns the constant weight (inputs ignored)."""
         return self.value
 
     def observe_sft_entropy(self, h: float) -> None:
-        """Ignored."""
+        pass
 
     def metrics(self) -> dict[str, float]:
-        """``sft/weight``."""
         return {"sft/weight": self.value}
 
     def state_dict(self) -> dict[str, Any]:
-        """Empty: nothing to resume."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore."""
+        pass
 
 
 class NoSFT(_Constant):

@@ -2,6 +2,12 @@
 
     python -m benchmarks.evaluate --agent {direct,rag,search_r1,coda,oracle} [--model smollm2-135m] \\
         [--split dev] [--limit N] [--batch 32] [--seed 0] [--temperature 0] [--out FILE.jsonl]
+    python -m benchmarks.evaluate --agent search_r1 --model runs/red_grpo/final --data-path my_dev.jsonl \\
+        --corpus-path my_corpus.jsonl --top-k 5 --max-passage-words 120 --max-turns 5 --max-context-tokens 8192
+
+Every env setting the trainer takes is a flag here too (data and corpus files, retriever or server URL,
+top_k, passage words, turn limits, observation format, the agent's context length), so a model can be
+scored on a user's own data; `algos.evaluation` calls `evaluate` with a run's own `Config` settings.
 
 Agents:
 * ``direct``: the model answers from the question alone (a chat prompt asking for a short answer inside
@@ -29,6 +35,7 @@ writes one JSON line per question. From Python (the algorithm comparison calls t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -51,8 +58,6 @@ RAG_INSTRUCTIONS = (
     "Answer the question using the documents. Give a short answer (a name, a date, a number, yes or no), "
     "without explanation, inside <answer> and </answer>, for example <answer> Beijing </answer>."
 )
-RAG_TOP_K = 3
-"""Passages the rag baseline retrieves (as the env's default top_k)."""
 
 
 def evaluate(
@@ -68,6 +73,7 @@ def evaluate(
     max_new_tokens: int = 128,
     max_turns: int = 4,
     env_kwargs: dict[str, Any] | None = None,
+    env_id: str | None = None,
     max_context_tokens: int = 4096,
     indices: Sequence[int] | None = None,
     out: str | os.PathLike | None = None,
@@ -89,9 +95,12 @@ def evaluate(
         temperature: sampling temperature; 0 is greedy.
         max_new_tokens: tokens per model turn (per reply for direct and rag).
         max_turns: turns per episode (flat), planner turns (coda); executors get `max_turns - 1`.
-        env_kwargs: more RAGEnv arguments (e.g. top_k, max_passage_words) for the env agents, applied over the
-            ones built from `split` and `max_turns` (a trainer passes its whole env settings here, so a model
-            is scored in exactly the env it trained in); rag uses their top_k and max_passage_words too.
+        env_kwargs: more RAGEnv arguments (data_path, corpus_path, retriever, top_k, max_passage_words, turn
+            limits, observation_format, ...) over the ones built from `dataset`, `split` and `max_turns`; rag
+            uses their questions, retriever, top_k and max_passage_words too.
+        env_id: a registered env id: then the env is exactly ``gym.make(env_id, **env_kwargs)``, as a trainer
+            builds it (`algos.evaluation` passes a run's `Config.env_id` and `Config.env_kwargs`, so a model is
+            scored in exactly the env it trained in), and `dataset`, `split` and `max_turns` are not used.
         max_context_tokens: the agent's (and sampler's) context length, as in training.
         indices: question indices to evaluate instead of the first `limit` (a held-out slice).
         out: write one JSON line per question here.
@@ -103,52 +112,57 @@ def evaluate(
         where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% t-interval) for each of `METRICS`, and
         `predictions` the per-question records written to `out`.
     """
-    from envs.data import load_examples
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
 
     if agent_name not in AGENTS:
         raise ValueError(f"unknown agent {agent_name!r}; choose one of {', '.join(AGENTS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    examples = load_examples(dataset, split)
+    if env_id is None:
+        env_id, env_kwargs = env_settings(agent_name, dataset, split, max_turns, **(env_kwargs or {}))
+    make_env = functools.partial(gym.make, env_id, disable_env_checker=True, **(env_kwargs or {}))
+    env_list = [make_env()]
+    examples = env_list[0].unwrapped.examples
     if indices is None:
         indices = range(len(examples) if limit is None else min(limit, len(examples)))
     indices = [int(i) for i in indices]
     if any(not 0 <= i < len(examples) for i in indices):
-        raise ValueError(f"question indices must lie in [0, {len(examples)}) for {dataset} {split}")
+        raise ValueError(f"question indices must lie in [0, {len(examples)}) for {env_id} {env_kwargs}")
     n = len(indices)
+    dataset, split = getattr(env_list[0].unwrapped, "dataset", dataset), getattr(env_list[0].unwrapped, "split", split)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
         predictions = _answer_directly(
             agent_name,
             model,
             [examples[i] for i in indices],
-            dataset,
+            env_list[0].unwrapped,
             batch,
             seed,
             temperature,
             max_new_tokens,
             progress,
             device,
-            top_k=(env_kwargs or {}).get("top_k", RAG_TOP_K),
-            max_passage_words=(env_kwargs or {}).get("max_passage_words", 80),
         )
     else:
+        env_list += [make_env() for _ in range(min(batch, n) - 1)]
         predictions = _run_agent(
             agent_name,
             model,
-            dataset,
-            split,
+            env_list,
             indices,
             batch,
             seed,
             temperature,
             max_new_tokens,
-            max_turns,
             progress,
             device,
-            env_kwargs or {},
             max_context_tokens,
         )
+    for env in env_list:
+        env.close()
     wall = time.perf_counter() - start
     metrics = {name: mean_ci([p[name] for p in predictions]) for name in METRICS}
     if out is not None:
@@ -168,6 +182,27 @@ def evaluate(
         "metrics": {name: interval.as_dict() for name, interval in metrics.items()},
         "predictions": predictions,
     }
+
+
+def env_settings(
+    agent_name: str, dataset: str = "hotpotqa", split: str = "dev", max_turns: int = 4, **env_kwargs: Any
+) -> tuple[str, dict[str, Any]]:
+    """The env an agent is evaluated in when no trainer's settings are given: ``(env id, gym.make arguments)``.
+
+    The agent's protocol (coda for the coda agent, else flat), `dataset`'s `split`, `max_turns` turns per
+    episode (planner turns for coda; an executor task gets ``max_turns - 1``), then `env_kwargs` over them; the
+    oracle gets at least 6 turns (it may search three times before answering).
+    """
+    kwargs = {
+        "dataset": dataset,
+        "split": split,
+        "protocol": "coda" if agent_name == "coda" else "flat",
+        "max_turns": max(max_turns, 6) if agent_name == "oracle" else max_turns,
+        "max_planner_turns": max_turns,
+        "max_executor_turns": max(1, max_turns - 1),
+        **env_kwargs,
+    }
+    return "RedCoda-HotpotQA-v0", kwargs
 
 
 def _model_name(model: Any) -> str:
@@ -217,28 +252,24 @@ def _answer_directly(
     agent_name: str,
     model: Any,
     examples: Sequence[Any],
-    dataset: str,
+    env: Any,
     batch: int,
     seed: int,
     temperature: float,
     max_new_tokens: int,
     progress: bool,
     device: str | None,
-    top_k: int = RAG_TOP_K,
-    max_passage_words: int = 80,
 ) -> list[dict[str, Any]]:
-    """direct and rag: one chat prompt per question, one batched generate call per `batch` questions."""
+    """direct and rag: one chat prompt per question, one batched generate call per `batch` questions; rag
+    retrieves with the env's retriever, top_k and passage length."""
     from agents.records import SamplingParams
     from agents.samplers import encode_chat
     from envs.protocol import format_passages, parse_action
     from envs.rewards import exact_match, f1_score, format_score
 
     sampler = _load(model, seed, device)
-    retriever = None
-    if agent_name == "rag":
-        from envs.rag_env import dataset_corpus, make_retriever
-
-        retriever = make_retriever("bm25", dataset_corpus(dataset))
+    retriever = env.retriever if agent_name == "rag" else None
+    top_k, max_passage_words = env.top_k, env.max_passage_words
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=("</answer>",), seed=seed)
     predictions = []
     with _bar(len(examples), agent_name, progress) as bar:
@@ -288,36 +319,26 @@ def _answer_directly(
 def _run_agent(
     agent_name: str,
     model: Any,
-    dataset: str,
-    split: str,
+    env_list: Sequence[Any],
     question_indices: Sequence[int],
     batch: int,
     seed: int,
     temperature: float,
     max_new_tokens: int,
-    max_turns: int,
     progress: bool,
     device: str | None,
-    extra_env_kwargs: dict[str, Any],
     max_context_tokens: int = 4096,
 ) -> list[dict[str, Any]]:
-    """search_r1, coda and oracle: batched episodes in the real env."""
-    import gymnasium as gym
-
-    import envs  # noqa: F401  (registers the ids)
+    """search_r1, coda and oracle: batched episodes in the real env (`env_list`: one env per episode of a batch)."""
     from agents.records import SamplingParams
+    from envs.metrics import episode_metrics
 
-    protocol = "coda" if agent_name == "coda" else "flat"
-    env_kwargs = {"dataset": dataset, "split": split, "protocol": protocol, "max_turns": max_turns}
-    env_kwargs.update(max_planner_turns=max_turns, max_executor_turns=max(1, max_turns - 1))
-    env_kwargs.update(extra_env_kwargs)
     if agent_name == "oracle":
         from agents.models import smollm2_tokenizer
         from agents.oracle import OracleAgent
 
         tokenizer = model[1] if isinstance(model, tuple) else smollm2_tokenizer()
         agent: Any = OracleAgent(tokenizer, seed=seed)
-        env_kwargs.update(max_turns=max(max_turns, 6))  # the oracle may search three times before answering
     else:
         from agents.search_agents import CodaAgent, SearchR1Agent
 
@@ -327,7 +348,6 @@ def _run_agent(
             sampler, params, max_context_tokens=max_context_tokens
         )
     n = len(question_indices)
-    env_list = [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(min(batch, n))]
     examples = env_list[0].unwrapped.examples
     predictions = []
     with _bar(n, agent_name, progress) as bar:
@@ -335,7 +355,7 @@ def _run_agent(
             indices = list(question_indices[lo : lo + batch])
             for trajectory in agent.rollout(env_list[: len(indices)], indices, seed=seed + lo):
                 info, example = trajectory.info, examples[trajectory.example_index]
-                actions = len(trajectory.actions)
+                metrics = episode_metrics(info)
                 predictions.append(
                     {
                         "index": trajectory.example_index,
@@ -343,17 +363,11 @@ def _run_agent(
                         "question": example.question,
                         "gold_answers": list(example.answers),
                         "prediction": info.get("answer"),
-                        "em": float(info["em"]),
-                        "f1": float(info["f1"]),
-                        "format": float(info["format"]),
-                        "answered": float(bool(info.get("answered", False))),
-                        "num_searches": int(info["num_searches"]),
-                        "num_tasks": int(info.get("num_tasks", 0)),
-                        "invalid_actions": info["invalid_actions"] / actions if actions else 0.0,
-                        "invalid_count": int(info["invalid_actions"]),
+                        **metrics,
+                        "invalid_actions": metrics["invalid_action_share"],  # the table's: a share of the actions
+                        "invalid_count": int(metrics["invalid_actions"]),
                         "reward": trajectory.reward,
-                        "recall": float(info.get("recall", 0.0)),
-                        "num_actions": actions,
+                        "num_actions": len(trajectory.actions),
                         "sampled_tokens": sum(g.num_sampled for g in trajectory.generations),
                         "sampler_errors": int(info.get("sampler_errors", 0)),
                         "context_overflow": bool(info.get("context_overflow", False)),
@@ -361,8 +375,6 @@ def _run_agent(
                     }
                 )
             bar.update(len(indices))
-    for env in env_list:
-        env.close()
     return predictions
 
 
@@ -395,6 +407,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per model turn")
     parser.add_argument("--max-turns", type=int, default=4, help="turns per episode (planner turns for coda)")
+    parser.add_argument("--max-context-tokens", type=int, default=4096, help="the agent's context length")
+    env = parser.add_argument_group("env settings", "RAGEnv arguments, as the trainer's flags of the same names")
+    env.add_argument("--data-path", default=None, help="an official data file instead of the bundled split")
+    env.add_argument("--corpus-path", default=None, help="a Search-R1-format corpus file instead of the bundled one")
+    env.add_argument("--retriever", default=None, help="bm25 (default), bm25-matrix, dense, hybrid, or a server URL")
+    env.add_argument("--corpus", choices=("pooled", "distractor"), default=None, help="pooled (default) or distractor")
+    env.add_argument("--top-k", type=int, default=None, help="passages per search (default 3)")
+    env.add_argument("--max-passage-words", type=int, default=None, help="words kept of each passage (default 80)")
+    env.add_argument("--max-planner-turns", type=int, default=None, help="coda: planner turns (default --max-turns)")
+    env.add_argument("--max-executor-turns", type=int, default=None, help="coda: turns per task (--max-turns - 1)")
+    env.add_argument("--observation-format", choices=("redcoda", "search_r1"), default=None)
+    env.add_argument("--retriever-timeout", type=float, default=None, help="server URL: seconds per request")
+    env.add_argument("--retriever-retries", type=int, default=None, help="server URL: retries of a failed request")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
@@ -405,6 +430,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         torch.set_num_threads(args.threads)
     model = None if args.model in ("None", "none") else args.model
+    env_kwargs = {
+        name: getattr(args, name)
+        for name in (
+            "data_path",
+            "corpus_path",
+            "retriever",
+            "corpus",
+            "top_k",
+            "max_passage_words",
+            "max_planner_turns",
+            "max_executor_turns",
+            "observation_format",
+            "retriever_timeout",
+            "retriever_retries",
+        )
+        if getattr(args, name) is not None
+    }
     result = evaluate(
         args.agent,
         model,
@@ -416,12 +458,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
         max_turns=args.max_turns,
+        env_kwargs=env_kwargs,
+        max_context_tokens=args.max_context_tokens,
         out=args.out,
         device=args.device,
     )
     print(
-        f"{args.agent} | model {result['model']} | {args.dataset} {args.split} | n={result['n']} | seed {args.seed} "
-        f"| temperature {args.temperature} | wall {result['wall_s']:.1f} s"
+        f"{args.agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
+        f"| seed {args.seed} | temperature {args.temperature} | wall {result['wall_s']:.1f} s"
     )
     for name in METRICS:
         interval = Interval(**result["metrics"][name])

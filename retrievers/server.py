@@ -9,7 +9,8 @@
 Endpoints:
     POST /retrieve  {"queries": [str, ...], "topk": int, "return_scores": bool}
         -> {"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]} with return_scores,
-           {"result": [[{"id", "contents"}, ...], ...]} without (as Search-R1's server answers);
+           {"result": [[{"id", "contents"}, ...], ...]} without (the bare documents, one list per query,
+           for any number of queries);
         `contents` is `"Title"\\ntext`. Bad JSON, missing fields, topk outside [1, max_topk], more than
         max_batch queries, more than max_hits passages (topk x queries), over-long queries, queries the
         retriever cannot run (more distinct terms than Lucene's 1,024-clause limit) and bodies over
@@ -55,8 +56,7 @@ class RetrieveRequest(BaseModel):
 
 def document(passage: Passage) -> dict[str, str]:
     """A passage as a Search-R1 corpus row: {"id", "contents"} with contents `"Title"\\ntext`."""
-    contents = f'"{passage.title}"\n{passage.text}' if passage.title else passage.text
-    return {"id": passage.doc_id, "contents": contents}
+    return {"id": passage.doc_id, "contents": passage.contents}
 
 
 class _BodyTooLarge(HTTPException):

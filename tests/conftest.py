@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -88,3 +89,42 @@ def serve_app():
     yield start
     for stop in stops:
         stop()
+
+
+def _check_retriever(retriever, queries: list[str], k: int) -> None:
+    """`retriever` keeps the Retriever contract, not only its method names: each search returns at most `k`
+    distinct Passages, best first, and batch_search returns what search does, query by query."""
+    from retrievers.base import Passage
+
+    batch = retriever.batch_search(queries, k)
+    assert len(batch) == len(queries)
+    for query, hits in zip(queries, batch, strict=True):
+        single = retriever.search(query, k)
+        assert 0 < len(single) <= k and all(isinstance(p, Passage) for p in single)
+        assert len({p.doc_id for p in single}) == len(single)
+        assert all(a.score >= b.score for a, b in itertools.pairwise(single)), "best first"
+        assert [p.doc_id for p in hits] == [p.doc_id for p in single]
+
+
+def _check_sampler(sampler, prompt: list[int]) -> None:
+    """`sampler` keeps the Sampler contract, not only its method names: one Completion per prompt, whose token
+    ids and log-probs align, within max_new_tokens, decoded by the sampler's tokenizer."""
+    from agents.records import Completion, SamplingParams
+
+    assert sampler.max_context > len(prompt)
+    [completion] = sampler.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0))
+    assert isinstance(completion, Completion) and completion.finish_reason in ("stop", "length")
+    assert 0 < len(completion.token_ids) <= 4 and len(completion.logprobs) == len(completion.token_ids)
+    assert completion.text.startswith(sampler.tokenizer.decode(completion.token_ids[:1], skip_special_tokens=True))
+
+
+@pytest.fixture
+def check_retriever():
+    """Checks a retriever against the Retriever contract (see `_check_retriever`)."""
+    return _check_retriever
+
+
+@pytest.fixture
+def check_sampler():
+    """Checks a sampler against the Sampler contract (see `_check_sampler`)."""
+    return _check_sampler

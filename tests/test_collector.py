@@ -11,8 +11,7 @@ from torchrl.collectors import BaseCollector
 import envs  # noqa: F401  (registers the ids)
 from agents.collector import RolloutCollector
 from agents.oracle import OracleAgent
-from agents.records import SamplingParams
-from algos.batch import ROLES
+from agents.records import ROLES, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,12 +47,13 @@ def test_batches_are_tensordicts_of_groups(bm25, tokenizer):
         assert (
             batch["loss_mask"].shape == batch["old_logp"].shape == (n, t - 1) and batch["loss_mask"].dtype == torch.bool
         )
-        for key in ("adv", "reward", "group_id", "episode_id", "role_id"):
+        assert "adv" not in batch.keys()  # advantages are the learner's to attach
+        for key in ("reward", "group_id", "episode_id", "role_id"):
             assert batch[key].shape == (n,)
         assert batch["group_id"].tolist() == [3 * b + g for g in range(3) for _ in range(2)]
         assert batch["episode_id"].tolist() == list(range(6))
-        # the oracle plays a question the same way every time: a group's rewards tie, so no advantage
-        assert torch.all(batch["reward"][0::2] == batch["reward"][1::2]) and torch.all(batch["adv"] == 0)
+        # the oracle plays a question the same way every time: a group's rewards tie
+        assert torch.all(batch["reward"][0::2] == batch["reward"][1::2])
     last = batches[-1]  # its trained-on tokens are exactly the oracle's actions
     for row, trajectory in enumerate(collector.last_trajectories):
         assert [trajectory.example_index] * 2 == [

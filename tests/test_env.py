@@ -14,6 +14,7 @@ from gymnasium.utils.env_checker import check_env
 import envs
 from envs.rag_env import MAX_ERROR_CHARS
 from envs.rewards import RewardWeights, episode_reward
+from retrievers.base import Passage
 
 MAX_REWARD = RewardWeights().maximum
 
@@ -378,8 +379,9 @@ def test_bad_data_files_name_the_file_the_line_and_the_fault(tmp_path, content, 
         make(data_path=str(path))
 
 
-def test_a_search_prints_no_java_deprecation_warnings(tmp_path):
-    """Starting the JVM and searching (a fresh process) writes none of Java's sun.misc.Unsafe warnings."""
+def test_a_search_prints_no_java_warnings(tmp_path):
+    """Starting the JVM and searching (a fresh process) writes none of Java's sun.misc.Unsafe warnings, nor
+    Lucene's "Java 22 or later" MMapDirectory warning."""
     import subprocess
     import sys
 
@@ -393,3 +395,53 @@ def test_a_search_prints_no_java_deprecation_warnings(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "<information>Doc 1" in done.stdout
     assert "sun.misc.Unsafe" not in done.stderr + done.stdout
+    assert "MMapDirectory" not in done.stderr + done.stdout and "WARNING" not in done.stderr
+
+
+class _FixedRetriever:
+    """Returns the same two passages (one with a multi-line text, one without a title) for any query."""
+
+    passages = (
+        Passage("1", "Ed Wood", "Edward Davis Wood Jr. was an American filmmaker.\nHe directed films.", 2.0),
+        Passage("2", "", "A passage without a title", 1.0),
+    )
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        return list(self.passages[:k])
+
+    def batch_search(self, queries, k: int) -> list[list[Passage]]:
+        return [self.search(q, k) for q in queries]
+
+
+SEARCH_R1_OBSERVATION = (
+    '\n\n<information>Doc 1(Title: "Ed Wood") Edward Davis Wood Jr. was an American filmmaker.\nHe directed films.'
+    "\nDoc 2(Title: A passage without a title)</information>\n\n"
+)
+"""What Search-R1's trainer (search_r1/llm_agent/generation.py: `_passages2string`, then the <information> block it
+appends after a search) shows for `_FixedRetriever`'s passages, served as Search-R1 corpus rows."""
+
+
+def test_the_search_r1_observation_format_is_search_r1s_byte_for_byte():
+    env = gym.make("RedCoda-HotpotQA-v0", retriever=_FixedRetriever(), observation_format="search_r1")
+    env.reset(options={"index": 0})
+    obs, *_ = env.step("<search>Ed Wood</search>")
+    assert obs == SEARCH_R1_OBSERVATION
+    ours = gym.make("RedCoda-HotpotQA-v0", retriever=_FixedRetriever(), max_passage_words=3)
+    ours.reset(options={"index": 0})
+    assert ours.step("<search>Ed Wood</search>")[0] == (
+        '\n\n<information>Doc 1 (Title: "Ed Wood") Edward Davis Wood ...\nDoc 2 (Title: "") A passage without ...'
+        "</information>\n\n"
+    )
+    with pytest.raises(ValueError, match="observation_format"):
+        gym.make("RedCoda-HotpotQA-v0", retriever=_FixedRetriever(), observation_format="search-r1")
+
+
+def test_the_class_docstring_example_prints_what_it_says():
+    import doctest
+
+    from envs.rag_env import RAGEnv
+
+    finder = doctest.DocTestFinder(recurse=False)
+    [test] = finder.find(RAGEnv, "RAGEnv", globs={})
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+    assert result.attempted >= 8 and result.failed == 0

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from algos.batch import collate_trajectories
+from agents.collate import collate_trajectories
 from algos.config import preset_config
 from algos.losses import sft_loss, total_loss
 from algos.trainer import Trainer, micro_batches
@@ -91,7 +91,8 @@ def grads(trainer: Trainer) -> torch.Tensor:
 def test_rl_loss_and_gradients_equal_one_padded_batch(trainer):
     trajectories = trainer.collector.collect()
     adv = torch.linspace(-1.0, 1.0, len(trajectories))  # (B,): every context carries signal
-    batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id, adv=adv)
+    batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id)
+    batch["adv"] = adv[batch["episode_id"]]
     num_tokens = float(batch["loss_mask"].sum())
     trainer.policy.train()
     trainer.optimizer.zero_grad(set_to_none=True)

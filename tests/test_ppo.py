@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from algos.config import QUERY_REWRITE_ENV, preset_config
-from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOTrainer, token_rewards
+from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer, token_rewards
 from algos.value import episode_gae, gae, value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _trainer(tmp_path, name: str, **overrides) -> PPOTrainer:
     settings = {**PPO_DEFAULTS, **PPO_PRESETS["tiny"], "algo": "ppo", "run_dir": str(tmp_path / name), **overrides}
-    return PPOTrainer(preset_config("tiny", **settings))
+    return PPOTrainer(preset_config("tiny", PPOConfig, **settings))
 
 
 def _params(trainer: PPOTrainer) -> dict[str, torch.Tensor]:

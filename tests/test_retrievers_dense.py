@@ -97,8 +97,8 @@ def test_encoder_prefixes_change_the_key_and_vectors(encoder):
     assert not np.allclose(a, b)
 
 
-def test_dense_is_a_retriever_and_finds_a_paragraph_from_its_own_text(dense, subset):
-    assert isinstance(dense, Retriever)
+def test_dense_is_a_retriever_and_finds_a_paragraph_from_its_own_text(dense, subset, check_retriever):
+    check_retriever(dense, [subset.texts[0][:100], "Ed Wood film director"], 3)
     for i in (0, 57, 200):
         hits = dense.search(subset.texts[i][:300], k=3)
         assert hits[0].doc_id == subset.doc_ids[i]
@@ -178,7 +178,7 @@ def test_dense_over_the_full_corpus_uses_shipped_embeddings(full_corpus, encoder
     assert np.mean(found) >= 0.7
 
 
-def test_hybrid_fuses_by_reciprocal_rank(bm25_subset, dense, subset):
+def test_hybrid_fuses_by_reciprocal_rank(bm25_subset, dense, subset, check_retriever):
     from retrievers.hybrid import HybridRetriever, rrf_fuse
 
     a, b, c = (Passage(x, x, x, 0.0) for x in "abc")
@@ -188,7 +188,7 @@ def test_hybrid_fuses_by_reciprocal_rank(bm25_subset, dense, subset):
     assert [p.doc_id for p in rrf_fuse([[a, b], [b, c]], [1.0, 0.0], 60, 3)] == ["a", "b"]
 
     hybrid = HybridRetriever([bm25_subset, dense], weights=[1.0, 1.0], rrf_k=60, depth=20)
-    assert isinstance(hybrid, Retriever)
+    check_retriever(hybrid, ["Sharyn McCrumb", "Ed Wood"], 5)
     query = "Sharyn McCrumb"
     hits = hybrid.search(query, 5)
     assert len(hits) == 5 and len({p.doc_id for p in hits}) == 5

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from retrievers.base import Retriever
 from retrievers.corpus import Corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,11 +109,11 @@ def test_bad_requests_get_4xx_with_a_message(server_url, body, status, message):
     assert message in response.text
 
 
-def test_http_retriever_matches_the_index(server_url, bm25_small):
+def test_http_retriever_matches_the_index(server_url, bm25_small, check_retriever):
     from retrievers.http import HTTPRetriever
 
     client = HTTPRetriever(server_url, timeout=10, retries=1, max_batch=4)
-    assert isinstance(client, Retriever)
+    check_retriever(client, [f"{t} history" for t in bm25_small.corpus.titles[:3]], 4)
     queries = [f"{t} history" for t in bm25_small.corpus.titles[:10]]  # 10 > max_batch: split into 3 requests
     remote = client.batch_search(queries, 4)
     local = bm25_small.batch_search(queries, 4)

@@ -14,7 +14,7 @@ import torch
 
 from agents.models import tiny_model
 from agents.records import Completion, SamplingParams
-from agents.samplers import HFSampler, OpenAISampler, Sampler, cut_at_stop, encode_chat, overflow
+from agents.samplers import HFSampler, OpenAISampler, cut_at_stop, encode_chat, overflow
 
 QUESTIONS = ["Who wrote Dune?", "Which river flows through the city that hosted the 1936 Olympics?", "Hi"]
 
@@ -35,8 +35,8 @@ def prompts(tiny):
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
 
 
-def test_hf_sampler_is_a_sampler(sampler):
-    assert isinstance(sampler, Sampler)
+def test_hf_sampler_is_a_sampler(sampler, prompts, check_sampler):
+    check_sampler(sampler, prompts[0])
     assert sampler.max_context == 512
     assert sampler.tokenizer.pad_token == "<|endoftext|>"
 
@@ -232,10 +232,10 @@ def server_url(tiny):
     thread.join(timeout=10)
 
 
-def test_openai_sampler_matches_the_model_it_serves(tiny, sampler, prompts, server_url):
+def test_openai_sampler_matches_the_model_it_serves(tiny, sampler, prompts, server_url, check_sampler):
     _, tokenizer = tiny
     client = OpenAISampler(server_url, "tiny", tokenizer, extra_body={"return_tokens_as_token_ids": True})
-    assert isinstance(client, Sampler)
+    check_sampler(client, prompts[0])
     full = sampler.generate(prompts[:1], GREEDY)[0]
     stop = (tokenizer.decode(full.token_ids[6:8]),)
     params = SamplingParams(max_new_tokens=16, temperature=0, stop=stop)

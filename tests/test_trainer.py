@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from algos.batch import collate_trajectories
+from agents.collate import collate_trajectories
 from algos.config import preset_config
 from algos.trainer import Trainer, lr_factor, micro_batches
 
@@ -57,7 +57,8 @@ def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
     try:
         trajectories = trainer.collector.collect()
         adv = torch.tensor([1.0, -1.0, 0.0, 0.0][: len(trajectories)])  # (B,): two contexts with no signal
-        batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id, adv=adv)
+        batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id)
+        batch["adv"] = adv[batch["episode_id"]]
         mask = batch["loss_mask"]
         tokenizer = trainer.tokenizer
         for traj, row in zip(trajectories, range(len(trajectories)), strict=True):

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Sampler",
     "SamplerWrapper",
+    "TokenizerContext",
     "HFSampler",
     "VLLMSampler",
     "OpenAISampler",
@@ -85,6 +86,24 @@ class Sampler(Protocol):
             One `Completion` per prompt, in order.
         """
         ...
+
+
+class TokenizerContext:
+    """The `Sampler` protocol's `tokenizer` and `max_context`, for backends that set ``_tokenizer`` and
+    ``_max_context`` when they are built."""
+
+    _tokenizer: Any
+    _max_context: int
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer whose ids prompts and completions use."""
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        """Most tokens (prompt + completion) one row may hold; longer prompts are left-truncated."""
+        return self._max_context
 
 
 class SamplerWrapper:

@@ -48,7 +48,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class _AppendLayer(DynamicLayer):
             self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
-class HFSampler:
+class HFSampler(TokenizerContext):
     """`Sampler` over a transformers causal LM.
 
     Log-probs: at temperature T > 0 the log-softmax of logits / T after top-p filtering (the distribution
@@ -177,7 +177,8 @@ class HFSampler:
         tokenizer: its tokenizer (needs a pad token: `load_model` sets one).
         max_context: most tokens one row may hold; None means the model's `max_position_embeddings`.
         max_batch_size: rows per forward pass; a call with more prompts runs in length-sorted chunks.
-        seed: seed of the sampler's random generator (a call's `SamplingParams.seed` reseeds it).
+        seed: seed of the sampler's random generator (a call's `SamplingParams.seed` reseeds it; with
+            `SamplingParams.row_seeds` each row samples from a generator of its own seed instead).
         stop_token_ids: token ids that end a completion; None means the generation config's EOS ids plus
             the tokenizer's EOS id.
         cache_tokens: most tokens whose keys and values are kept between calls for prefix reuse (see the
@@ -212,24 +213,14 @@ class HFSampler:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else next(iter(self.stop_token_ids), 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-        """Whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)."""
         self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
         self._weights_key: tuple | None = None
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
         """Prompt tokens run through a prefill forward pass (a running count)."""
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
 
     @property
     def cached_tokens(self) -> int:
@@ -269,6 +260,8 @@ class HFSampler:
             One `Completion` per prompt, in order; a row that cannot be generated (empty prompt, ids outside
             the vocabulary, a failing forward pass) is `finish_reason="error"` with the reason in `error`.
         """
+        if params.row_seeds is not None and len(params.row_seeds) != len(prompts):
+            raise ValueError(f"{len(params.row_seeds)} row seeds for {len(prompts)} prompts")
         if params.seed is not None:
             self._generator.manual_seed(params.seed)
         self._check_weights()
@@ -338,6 +331,11 @@ class HFSampler:
     def _decode(self, rows: list[_Row], params: SamplingParams) -> list[Completion]:
         """Generate for a batch of valid rows; rows leave the batch (and the KV cache) as they finish."""
         n = len(rows)
+        generators = None
+        if params.row_seeds is not None and params.temperature > 0:
+            generators = [torch.Generator(device=self.device) for _ in rows]
+            for generator, (i, _, _) in zip(generators, rows, strict=True):
+                generator.manual_seed(int(params.row_seeds[i]))
         matches = [self._match(ids) for _, ids, _ in rows]  # (kept sequence or None, its tokens reused)
         past = max(m for _, m in matches)
         fresh = [ids[m:] for (_, ids, _), (_, m) in zip(rows, matches, strict=True)]  # tokens to prefill
@@ -375,7 +373,8 @@ class HFSampler:
         reasons = ["length"] * n
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
-            token, logp = self._sample(out.logits[:, -1, :], params)  # (alive,), (alive,)
+            streams = None if generators is None else [generators[b] for b in alive]
+            token, logp = self._sample(out.logits[:, -1, :], params, streams)  # (alive,), (alive,)
             keep = []
             for j, (b, t, lp) in enumerate(zip(alive, token.tolist(), logp.tolist(), strict=True)):
                 tokens[b].append(t)
@@ -451,8 +450,13 @@ class HFSampler:
             )
         )
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob."""
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob.
+
+        `generators`: one per row (from `SamplingParams.row_seeds`); None draws every row from the sampler's own.
+        """
         logits = logits.float()
         if params.temperature <= 0:
             logp_all = torch.log_softmax(logits, dim=-1)
@@ -462,7 +466,12 @@ class HFSampler:
             if params.top_p < 1.0:
                 scores = _top_p_filter(scores, params.top_p)
             logp_all = torch.log_softmax(scores, dim=-1)
-            token = torch.multinomial(logp_all.exp(), 1, generator=self._generator).squeeze(-1)
+            probs = logp_all.exp()
+            if generators is None:
+                token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+            else:  # each row draws from its own stream, so its sample does not depend on its batch
+                draws = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)]
+                token = torch.cat(draws)
         return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
 
     def _hit_stop(self, tail: list[int], params: SamplingParams) -> bool:

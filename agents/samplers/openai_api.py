@@ -29,13 +29,13 @@ from typing import Any
 import httpx
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class OpenAISampler:
+class OpenAISampler(TokenizerContext):
     """`Sampler` that calls an OpenAI-compatible completions endpoint over HTTP.
 
     Args:
@@ -75,16 +75,6 @@ class OpenAISampler:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers)
 
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
-
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
@@ -94,7 +84,8 @@ class OpenAISampler:
 
         Args:
             prompts: token-id lists, one per row.
-            params: sampling parameters; with a seed, row i is sent seed + i (so equal prompts differ).
+            params: sampling parameters; with a seed, row i is sent seed + i (so equal prompts differ), or
+                ``row_seeds[i]`` when given.
 
         Returns:
             One `Completion` per prompt, in order.
@@ -120,7 +111,9 @@ class OpenAISampler:
             }
             if params.stop:
                 body["stop"] = list(params.stop)
-            if params.seed is not None:
+            if params.row_seeds is not None:
+                body["seed"] = int(params.row_seeds[index])
+            elif params.seed is not None:
                 body["seed"] = params.seed + index
             body.update(self.extra_body)
             return self._parse(self._post(body)["choices"][0], params)

@@ -17,19 +17,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
 
-class VLLMSampler:
+class VLLMSampler(TokenizerContext):
     """`Sampler` backed by `vllm.LLM`.
 
     Args:
         model: None for the bundled SmolLM2-135M-Instruct (its converted cache), a local directory or a
             Hugging Face hub id.
         max_context: the engine's `max_model_len`; None lets vLLM take the model's.
-        seed: the engine's seed (a call's `SamplingParams.seed` seeds each request: row i gets seed + i).
+        seed: the engine's seed (a call's `SamplingParams.seed` seeds each request: row i gets seed + i, or
+            `SamplingParams.row_seeds[i]` when given).
         gpu_memory_utilization: share of GPU memory vLLM may take (leave room for a colocated trainer).
         **llm_kwargs: passed to `vllm.LLM` (dtype, enforce_eager, tensor_parallel_size, ...).
 
@@ -71,16 +72,6 @@ class VLLMSampler:
         fix_pad_token(None, self._tokenizer)
         self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
 
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer whose ids prompts and completions use."""
-        return self._tokenizer
-
-    @property
-    def max_context(self) -> int:
-        """Most tokens (prompt + completion) one row may hold."""
-        return self._max_context
-
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (same contract as `HFSampler.generate`).
 
@@ -110,7 +101,7 @@ class VLLMSampler:
                 stop=list(params.stop),
                 include_stop_str_in_output=True,
                 logprobs=0,  # the sampled token's log-prob only
-                seed=None if params.seed is None else params.seed + i,
+                seed=_row_seed(params, i),
             )
             requests.append((i, TokensPrompt(prompt_token_ids=ids), sampling))
         try:
@@ -174,3 +165,10 @@ def _completion(output: Any, params: SamplingParams) -> Completion:
     text, _ = cut_at_stop(sample.text, params.stop)
     error = None if reason != "error" else f"vLLM finish_reason {sample.finish_reason!r}"
     return Completion(text, token_ids, logprobs, reason, error)
+
+
+def _row_seed(params: SamplingParams, i: int) -> int | None:
+    """Request i's seed: its own row seed, else the call's seed + i, else None."""
+    if params.row_seeds is not None:
+        return int(params.row_seeds[i])
+    return None if params.seed is None else params.seed + i

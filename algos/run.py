@@ -1,0 +1,654 @@
+"""A training run around the algorithm: setup, resume, checkpoints, metrics, wandb, the summary.
+
+`algos.trainer.Trainer` is the algorithm (its `train_step`); `TrainingRun`, its base class, is what a run
+needs around it:
+
+- setup from a `Config`: seeds, the model (optionally LoRA) and tokenizer, the sampler, the agent, the rollout
+  collector over ``gym.make(config.env_id, **config.env_kwargs)``, the oracle demonstrations when the weighting
+  rule has an SFT term, the optimizer;
+- ``--resume``: the newest good checkpoint's weights, optimizer, rule, learner state and data position, with a
+  warning naming settings that differ from the checkpoint's; metrics.jsonl gets back the rows a killed process
+  never wrote (a checkpoint carries the rows of its steps);
+- `steps`: train steps to ``config.steps`` or the training-time budget (the lr following ``lr_schedule``), a
+  checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless logged in;
+  WANDB_MODE is respected);
+- `train`: the last checkpoint, the final model (``final/``, a Hugging Face directory), the trained and the
+  starting model scored on held-out questions (`algos.evaluation.before_after`), the summary table;
+- data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
+  questions, the policy in DDP (`sync_gradients`), rank 0 alone writing files (``self.world.is_main``).
+
+`main` is the entry points' shared body: parse the command line, train, and print a fault as one line
+(exit status 1, or 2 for settings and data files that cannot be used).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn
+
+import numpy as np
+import torch
+
+from agents.records import Completion, SamplingParams
+from agents.samplers import SamplerWrapper
+from algos import distributed
+from algos.batch import masked_head_matches
+from algos.checkpoint import damaged_checkpoints, find_latest, load_checkpoint, save_checkpoint, write_text_atomic
+from algos.config import AlgoName, Config, parse_config
+from algos.sft_data import load_demonstrations
+from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
+from envs.data import DataError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrainingRun", "TrainingStopped", "cpu_threads", "lr_factor", "main", "make_weighting", "print_summary"]
+
+_LEARNER_PREFIX = "learner/"  # checkpoint names of a learner's own tensors (value head, critic)
+_RESUME_MAY_CHANGE = {
+    "resume",
+    "steps",
+    "save_every",
+    "keep_checkpoints",
+    "wandb",
+    "progress",
+    "torch_threads",
+    "max_train_minutes",
+    "eval_questions",
+    "eval_batch_size",
+}
+"""Settings a resumed run may change without a warning (they do not change what the steps compute)."""
+
+
+class TrainingStopped(RuntimeError):
+    """A fault that stops the run (a failing retriever, no checkpoint to resume); the message says what to do."""
+
+
+def make_weighting(config: Config) -> SFTWeighting:
+    """The SFT weighting rule of ``config.algo``: NoSFT (grpo, ppo, archer), FixedSFT (grpo_sft, sft) or RED."""
+    if config.algo in ("grpo", "ppo", "archer"):
+        return NoSFT()
+    if config.algo in ("grpo_sft", "sft"):
+        return FixedSFT()
+    return RED(max_factor=config.red_max_factor, decay=config.red_decay, use_accuracy=config.red_use_accuracy)
+
+
+def sync() -> None:
+    """Wait for the GPU, so a timer around GPU work measures it (nothing to do on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class TimedSampler(SamplerWrapper):
+    """Wraps a sampler to time its `generate` calls, so a rollout's time splits into generation and the rest."""
+
+    def __init__(self, sampler: Any) -> None:
+        super().__init__(sampler)
+        self.seconds = 0.0
+        self.tokens = 0
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        sync()
+        start = time.perf_counter()
+        completions = self.inner.generate(prompts, params)
+        sync()
+        self.seconds += time.perf_counter() - start
+        self.tokens += sum(len(c.token_ids) for c in completions)
+        return completions
+
+
+class TrainingRun:
+    """Everything of a run but the algorithm. A subclass (`algos.trainer.Trainer`) provides `train_step`,
+    `sft_step` and the learner seams the setup and checkpoints call (`init_learner`, `learner_param_groups`,
+    `learner_state_dict`, `load_learner_state_dict`).
+
+    Args:
+        config: The run's settings.
+        weighting: The SFT weighting rule; None builds the one of ``config.algo``.
+    """
+
+    evaluates_held_out: ClassVar[bool] = True
+    """Whether `train` ends with the before/after evaluation on held-out questions (QA envs only)."""
+
+    def __init__(self, config: Config, weighting: SFTWeighting | None = None) -> None:
+        import gymnasium as gym
+
+        import envs  # noqa: F401  (registers the env ids)
+        from agents.collector import RolloutCollector
+        from agents.samplers.hf import HFSampler
+        from agents.search_agents import CodaAgent, ContextAgent, SearchR1Agent
+
+        self.config = config
+        self.started = time.perf_counter()  # the summary's process wall time counts from here
+        torch.set_num_threads(cpu_threads(config.torch_threads))
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        # --- data parallel (algos.distributed): this rank's place and device -------------------------------
+        self.world, self.device = distributed.init(config.torch_device)
+        self.run_dir = config.output_dir
+        self.checkpoint_dir = self.run_dir / "checkpoints"
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.weighting = weighting if weighting is not None else make_weighting(config)
+        resume_from = self._checkpoint_to_resume()
+
+        with distributed.main_first():  # rank 0 converts and caches the model first; the others load it
+            self.model, self.tokenizer = self.build_model()
+        self.ref_model = None
+        if config.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.peft_model = None
+        self.policy = self.model
+        if config.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=list(config.lora_target_modules),
+                task_type="CAUSAL_LM",
+            )
+            self.peft_model = get_peft_model(self.model, lora)
+            self.policy = self.peft_model.get_base_model()  # the same modules, LoRA layers injected
+        self.policy.eval()
+
+        max_context = min(
+            config.max_context_tokens, int(getattr(self.policy.config, "max_position_embeddings", 1 << 30))
+        )
+        self.sampler = TimedSampler(
+            HFSampler(
+                self.policy,
+                self.tokenizer,
+                max_context=max_context,
+                max_batch_size=config.sampler_batch_size,
+                seed=config.seed,
+            )
+        )
+        params = SamplingParams(
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p
+        )
+        agent_cls = CodaAgent if config.protocol == "coda" else SearchR1Agent
+        if config.is_query_rewrite:  # one <query> turn: a plain context agent that stops after </query>
+            agent_cls, params = ContextAgent, dataclasses.replace(params, stop=("</query>",))
+        self.agent = agent_cls(self.sampler, params, max_context_tokens=max_context)
+        with distributed.main_first():  # rank 0 builds and caches a local index first; the others load it
+            self.collector = RolloutCollector(
+                lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
+                self.agent,
+                questions_per_batch=config.questions_per_step,
+                group_size=config.group_size,
+                indices=None if config.num_questions is None else range(config.num_questions),
+                seed=config.seed,
+                shard=(self.world.rank, self.world.size),
+            )
+        env = self.collector.envs[0].unwrapped
+        if config.num_questions is not None and config.num_questions > env.num_examples:
+            raise DataError(
+                f"--num-questions {config.num_questions} is more than the {env.num_examples} questions of "
+                f"{getattr(env, 'data_file', None) or config.split}"
+            )
+        uses_sft = self.weighting.uses_sft and config.sft_coef > 0
+        with distributed.main_first():
+            self.demos = load_demonstrations(config, self.tokenizer, max_tokens=max_context) if uses_sft else []
+        self.init_learner()
+        self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        learner_groups = self.learner_param_groups()
+        self.optimizer = torch.optim.AdamW(
+            [{"params": self.trainable}, *learner_groups],
+            lr=config.lr,
+            betas=config.adam_betas,
+            weight_decay=config.weight_decay,
+        )
+        self.trainable = self.trainable + [p for group in learner_groups for p in group["params"]]
+        self.ddp = distributed.wrap_ddp(self.policy, self.device)  # None for one process
+        """The policy in DistributedDataParallel; only `sync_gradients` runs through it."""
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
+        """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
+        self.step = 0
+        self.last_step_tied = False
+        """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
+        self.stopped_early = False
+        self.elapsed = 0.0  # training seconds of this run's earlier processes (resumed runs)
+        self._unsaved_metrics: list[dict[str, Any]] = []  # the next checkpoint carries them
+        restored: list[dict[str, Any]] = []
+        if resume_from is None:
+            if self.world.is_main:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.metrics_path.write_text("")
+        else:
+            restored = self.load(resume_from)
+        self._wandb = self._init_wandb() if config.wandb and self.world.is_main else None
+        for row in restored:  # checkpointed rows a killed process never logged
+            self._log_wandb(row)
+
+    def build_model(self) -> tuple[torch.nn.Module, Any]:
+        """The run's starting model and tokenizer, on the training device (also the 'before' of the evaluation)."""
+        from agents.models import load_model, tiny_model
+
+        if self.config.model == "tiny":
+            model, tokenizer = tiny_model(seed=self.config.seed, max_context=self.config.max_context_tokens)
+            return model.to(self.device), tokenizer
+        # float32 master weights; bf16 (when on) comes from autocast around each forward pass
+        return load_model(self.config.model, dtype=torch.float32, device=self.device)
+
+    def sync_gradients(self) -> None:
+        """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`)."""
+        if self.ddp is not None:
+            in_policy = {id(p) for p in self.policy.parameters()}
+            others = [p for p in self.trainable if id(p) not in in_policy]
+            distributed.sync_gradients(self.ddp, others, pad_token_id=self.pad_id)
+
+    # --- resume and checkpoints ----------------------------------------------------------------------------
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The checkpoint ``--resume`` continues from (None for a new run); checked before anything is built.
+
+        Raises:
+            FileExistsError: a new run (no ``--resume``) in a directory that holds checkpoints.
+            TrainingStopped: ``--resume`` with no usable checkpoint (none, or all damaged: each is named).
+        """
+        latest = find_latest(self.checkpoint_dir)
+        damaged = damaged_checkpoints(self.checkpoint_dir) if latest is None else {}
+        if not self.config.resume:
+            if latest is not None or damaged:
+                raise FileExistsError(
+                    f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
+                    "or choose another --run-dir (or delete it)"
+                )
+            return None
+        if latest is None:  # like Hugging Face Trainer: resuming from nothing is an error, and nothing is touched
+            if damaged:
+                listing = "; ".join(f"{path.name}: {problem}" for path, problem in damaged.items())
+                raise TrainingStopped(
+                    f"--resume: no valid checkpoint in {self.checkpoint_dir} ({listing}); nothing was changed. "
+                    "Restore a checkpoint, or start a new run in another --run-dir"
+                )
+            raise TrainingStopped(
+                f"--resume: no checkpoint in {self.checkpoint_dir} to resume from; "
+                "drop --resume to start a new run (or check --run-dir)"
+            )
+        return latest
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``)."""
+        weights = {name: p for name, p in self.policy.named_parameters() if p.requires_grad}
+        state = {
+            "config": dataclasses.asdict(self.config),
+            "weighting": self.weighting.state_dict(),
+            "collector": self.collector.state_dict(),
+            "last_step_tied": self.last_step_tied,
+            "elapsed": self.elapsed,
+        }
+        learner_tensors, learner_state = self.learner_state_dict()
+        weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
+        if learner_state:
+            state["learner"] = learner_state
+        state["metrics"] = self._unsaved_metrics  # durable with the checkpoint, whatever happens to metrics.jsonl
+        path = save_checkpoint(
+            self.checkpoint_dir,
+            self.step,
+            weights=weights,
+            optimizer=self.optimizer.state_dict(),
+            state=state,
+            keep=self.config.keep_checkpoints,
+        )
+        self._unsaved_metrics = []
+        return path
+
+    def load(self, path: str | os.PathLike) -> list[dict[str, Any]]:
+        """Restore the run from a checkpoint directory (weights, optimizer, rule, learner, data position).
+
+        Returns:
+            The metrics rows the checkpoint carried that metrics.jsonl lacked (now written back to it; by rank 0
+            alone under data parallelism, the other ranks get none).
+        """
+        checkpoint = load_checkpoint(path)
+        weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith(_LEARNER_PREFIX)}
+        learner_tensors = {
+            k.removeprefix(_LEARNER_PREFIX): v for k, v in checkpoint.weights.items() if k.startswith(_LEARNER_PREFIX)
+        }
+        names = {name for name, p in self.policy.named_parameters() if p.requires_grad}
+        missing = names - set(weights)
+        if missing:
+            raise ValueError(f"{path} lacks trainable parameters {sorted(missing)[:5]} (saved with other settings?)")
+        result = self.policy.load_state_dict(weights, strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"{path} has parameters this model lacks: {result.unexpected_keys[:5]}")
+        self.optimizer.load_state_dict(checkpoint.optimizer)
+        self.load_learner_state_dict(learner_tensors, checkpoint.state.get("learner", {}))
+        self.weighting.load_state_dict(checkpoint.state["weighting"])
+        self.collector.load_state_dict(checkpoint.state["collector"])
+        self.step = checkpoint.step
+        self.last_step_tied = bool(checkpoint.state.get("last_step_tied", False))
+        self.elapsed = float(checkpoint.state.get("elapsed", 0.0))
+        saved = checkpoint.state.get("config", {})
+        current = dataclasses.asdict(self.config)
+        changed = {
+            k: (saved[k], v)
+            for k, v in current.items()
+            if k not in _RESUME_MAY_CHANGE and k in saved and _jsonable(saved[k]) != _jsonable(v)
+        }
+        if changed:
+            logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
+        restored = self._restore_metrics(checkpoint.state.get("metrics", [])) if self.world.is_main else []
+        logger.info("resumed from %s at step %d", path, self.step)
+        return restored
+
+    def _restore_metrics(self, saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Make metrics.jsonl hold exactly one row per step up to the checkpoint's, then rewrite it atomically.
+
+        Rows after the checkpoint were logged by the interrupted process and the resumed run redoes them;
+        rows the checkpoint carries but the file lacks (killed between the checkpoint and the metrics write)
+        are written back from the checkpoint and returned; a torn last line is dropped.
+        """
+        rows: dict[int, str] = {}
+        if self.metrics_path.is_file():
+            for line in self.metrics_path.read_text().splitlines():
+                try:
+                    step = int(json.loads(line)["step"])
+                except (ValueError, KeyError, TypeError):
+                    if line.strip():
+                        logger.warning("%s: dropping a damaged line: %.80s", self.metrics_path, line)
+                    continue
+                if step <= self.step:
+                    rows.setdefault(step, line)
+        restored = [row for row in saved if row["step"] <= self.step and row["step"] not in rows]
+        for row in restored:
+            rows[int(row["step"])] = json.dumps(row)
+        if restored:
+            steps = [row["step"] for row in restored]
+            logger.info("%s lacked the rows of steps %s; written back from the checkpoint", self.metrics_path, steps)
+        write_text_atomic(self.metrics_path, "".join(rows[step] + "\n" for step in sorted(rows)))
+        return restored
+
+    def save_final_model(self) -> Path:
+        """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically."""
+        target = self.run_dir / "final"
+        tmp = Path(tempfile.mkdtemp(prefix=".final-", dir=self.run_dir))
+        try:
+            model = self.policy
+            if self.peft_model is not None:
+                model = copy.deepcopy(self.peft_model).merge_and_unload()
+            model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            tmp.chmod(0o755)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    # --- metrics -------------------------------------------------------------------------------------------
+    def _init_wandb(self) -> Any:
+        try:
+            import wandb
+        except ImportError:
+            logger.warning("wandb is not installed (pip install wandb); logging to metrics.jsonl only")
+            return None
+        mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+        id_file = self.run_dir / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+        id_file.write_text(run_id)
+        return wandb.init(
+            project=self.config.wandb_project,
+            name=self.config.name,
+            id=run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+            mode=mode,
+            config=dataclasses.asdict(self.config),
+        )
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Append to metrics.jsonl and send to wandb."""
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+        self._log_wandb(metrics)
+
+    def _log_wandb(self, metrics: dict[str, float]) -> None:
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=int(metrics["step"]))
+
+    def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
+        """The few numbers the progress bar shows after a step: reward, answer F1 where the env scores answers,
+        the SFT weight when the algorithm has an SFT term. Learners with their own key numbers extend it."""
+        fields = {"reward": f"{metrics['critic/rewards/mean']:.2f}"}
+        if "answer_f1/mean" in metrics:
+            fields["f1"] = f"{metrics['answer_f1/mean']:.3f}"
+        if self.weighting.uses_sft:
+            fields["w"] = f"{metrics.get('sft/weight', 0.0):.2f}"
+        return fields
+
+    # --- the run -------------------------------------------------------------------------------------------
+    def steps(self) -> Iterator[dict[str, float]]:
+        """Run the remaining steps, checkpointing every ``save_every``; yield each step's metrics."""
+        cfg = self.config
+        budget = math.inf if cfg.max_train_minutes is None else 60.0 * cfg.max_train_minutes
+        last_step = 0.0
+        while self.step < cfg.steps:
+            if self.elapsed + last_step > budget:
+                logger.info("training-time budget of %.1f min reached at step %d", cfg.max_train_minutes, self.step)
+                self.stopped_early = True
+                break
+            start = time.perf_counter()
+            self.set_lr()
+            metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
+            # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set the
+            # same lr); a rank that stopped alone would leave the others waiting in a collective
+            last_step = distributed.broadcast_object(time.perf_counter() - start)
+            self.elapsed += last_step
+            metrics["time/elapsed"] = self.elapsed
+            self._unsaved_metrics.append(metrics)
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps and self.world.is_main:
+                ckpt_start = time.perf_counter()
+                self.save()
+                metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
+            if self.world.is_main:
+                self.log(metrics)
+            yield metrics
+
+    def set_lr(self) -> None:
+        """Scale every parameter group's lr by `lr_factor` of the run's progress (steps or minutes, the further)."""
+        cfg = self.config
+        done = self.step / cfg.steps
+        if cfg.max_train_minutes is not None:
+            done = max(done, self.elapsed / (60.0 * cfg.max_train_minutes))
+        for group in self.optimizer.param_groups:
+            group.setdefault("peak_lr", group["lr"])
+            group["lr"] = group["peak_lr"] * lr_factor(cfg.lr_schedule, done)
+
+    def train(self) -> dict[str, Any]:
+        """Run to ``config.steps``, save the final checkpoint and model, evaluate, print and return a summary."""
+        from tqdm.auto import tqdm
+
+        budget = self.config.max_train_minutes
+        bar_kwargs: dict[str, Any] = {"total": self.config.steps, "initial": self.step, "unit": "step"}
+        if budget is not None:  # the budget ends the run, so the bar counts training minutes, not steps
+            bar_kwargs = {
+                "total": budget,
+                "initial": self.elapsed / 60,
+                "unit": "min",
+                "bar_format": "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} training min {postfix}",
+            }
+        show = self.config.progress and self.world.is_main
+        with tqdm(desc=self.config.name, disable=not show, dynamic_ncols=True, **bar_kwargs) as bar:
+            for metrics in self.steps():
+                bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
+                bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
+        summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
+        if self.world.is_main:  # the other ranks hold the same weights and write nothing
+            checkpoint = self.save()
+            final = self.save_final_model()
+            summary = self.summary(checkpoint, final)
+        if self.config.eval_questions > 0 and self.evaluates_held_out and not self.config.is_query_rewrite:
+            from algos.evaluation import before_after, plot_curves
+
+            evaluation = before_after(self)  # every rank scores its share of the questions
+            if self.world.is_main:
+                summary["evaluation"] = evaluation
+                summary["curves"] = str(plot_curves(self.metrics_path, self.run_dir / "curves.png"))
+                summary["process_wall_time_s"] = time.perf_counter() - self.started
+        distributed.barrier()  # every file is written before any rank returns
+        if self.world.is_main:
+            print_summary(summary)
+        return summary
+
+    def summary(self, checkpoint: Path, final: Path) -> dict[str, Any]:
+        """Steps, wall time, first vs last steps' reward and F1 (from metrics.jsonl), where things are."""
+        rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        k = max(1, min(10, len(rows) // 4))
+        first, last = rows[:k], rows[-k:]
+        return {
+            "run": self.config.name,
+            "algo": self.config.algo,
+            "steps": self.step,
+            "stopped_early": self.stopped_early,
+            "wall_time_s": self.elapsed,
+            "process_wall_time_s": time.perf_counter() - self.started,
+            "window": k,
+            "reward_first": _mean([r["critic/rewards/mean"] for r in first]),
+            "reward_last": _mean([r["critic/rewards/mean"] for r in last]),
+            "f1_first": _mean([r.get("answer_f1/mean", math.nan) for r in first]),
+            "f1_last": _mean([r.get("answer_f1/mean", math.nan) for r in last]),
+            "sft_weight_last": _mean([r.get("sft/weight", 0.0) for r in last]),
+            "checkpoint": str(checkpoint),
+            "final_model": str(final),
+            "metrics": str(self.metrics_path),
+        }
+
+    def close(self) -> None:
+        """Close the envs, finish the wandb run and leave the process group."""
+        self.collector.shutdown()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        self.ddp = None
+        distributed.shutdown()
+
+
+def lr_factor(schedule: str, done: float) -> float:
+    """The lr multiplier at `done` (0..1) of the run: 1 throughout (constant), or 1 -> 0.1 in a straight line."""
+    return 1.0 if schedule == "constant" else 1.0 - 0.9 * min(max(done, 0.0), 1.0)
+
+
+def cpu_threads(requested: int | None) -> int:
+    """CPU threads for torch: `requested`, or every core the load average leaves idle (at least one).
+
+    One thread per process beats several when the cores are contended (OpenMP threads spin-wait on each
+    other), while on an idle machine every core helps: the load average at start decides.
+    """
+    if requested:
+        return requested
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, cores - int(load + 0.5)))
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Print a run summary as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    k = summary["window"]
+    table = Table(title=f"{summary['run']} ({summary['algo']})", show_header=False)
+    budget = " (training-time budget reached)" if summary.get("stopped_early") else ""
+    table.add_row("steps", f"{summary['steps']}{budget}")
+    table.add_row("training time", f"{summary['wall_time_s']:.0f} s ({summary['wall_time_s'] / 60:.1f} min)")
+    process = summary["process_wall_time_s"]
+    table.add_row("this process (setup, steps, saving)", f"{process:.0f} s ({process / 60:.1f} min)")
+    table.add_row(f"reward, first/last {k} steps", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
+    table.add_row(f"answer F1, first/last {k} steps", f"{summary['f1_first']:.3f} -> {summary['f1_last']:.3f}")
+    table.add_row("SFT weight (last steps)", f"{summary['sft_weight_last']:.3f}")
+    table.add_row("checkpoint", summary["checkpoint"])
+    table.add_row("final model", summary["final_model"])
+    table.add_row("metrics", summary["metrics"])
+    if "curves" in summary:
+        table.add_row("learning curves", summary["curves"])
+    console = Console()
+    console.print(table)
+    if "evaluation" in summary:
+        console.print(summary["evaluation"]["table"], markup=False, highlight=False)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    algo: AlgoName,
+    description: str | None = None,
+    trainer_cls: type[TrainingRun] | None = None,
+    config_cls: type[Config] = Config,
+    **defaults: object,
+) -> dict[str, Any]:
+    """Parse the command line, train, and return the summary (the entry points' shared body).
+
+    Args:
+        argv: Arguments without the program name; None reads sys.argv.
+        algo: grpo, grpo_sft, red_grpo, sft, ppo or archer.
+        description: The entry point's ``--help`` text.
+        trainer_cls: The trainer to run (a learner with its own advantages and losses); None: `algos.trainer.Trainer`.
+        config_cls: The settings class its command line parses (a learner's own extends `Config`).
+        **defaults: The entry point's own defaults over the preset's (flags still override them).
+    """
+    config = parse_config(argv, algo=algo, description=description, config_cls=config_cls, **defaults)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if trainer_cls is None:
+        from algos.trainer import Trainer
+
+        trainer_cls = Trainer
+    try:
+        trainer = trainer_cls(config)
+    except (DataError, FileExistsError, FileNotFoundError) as err:  # a user's data or run directory
+        _exit_with(err, 2)
+    except (TrainingStopped, ConnectionError) as err:  # nothing to resume, no retrieval server
+        _exit_with(err, 1)
+    try:
+        return trainer.train()
+    except TrainingStopped as err:
+        _exit_with(err, 1)
+    finally:
+        trainer.close()
+
+
+def _exit_with(err: BaseException, status: int) -> NoReturn:
+    """Print a fault as one line (no traceback: the message says what to do) and exit with `status`."""
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(status) from None

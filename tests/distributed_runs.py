@@ -1,0 +1,92 @@
+"""The tiny-preset runs that tests/test_distributed.py plays in one process and under torchrun in two.
+
+    torchrun --nproc-per-node 2 tests/distributed_runs.py OUT_DIR     # every run below, in OUT_DIR/<name>
+
+Each run is a function of its run directory, so the test plays the same function in its own process for the
+one-process reference. GRPO's runs replace the tiny random model's rewards (all -3: every advantage would be
+0) by a deterministic function of each episode's first action, so the policy gradient is not zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from algos.config import preset_config
+from algos.trainer import Trainer
+
+LR = 1e-4
+"""AdamW's learning rate: each weight moves by up to about this much per step."""
+ADAM_EPS = 1e-6
+"""AdamW's eps, over its 1e-8 default. The ranks sum their micro-batches in another order (and with other
+padding) than one process, so a gradient component differs by float32 rounding, ~1e-8 where large terms
+cancel; at eps 1e-8 Adam's g / (|g| + eps) turns such a component's noise into a full +-lr step, at 1e-6
+into at most ~1e-2 lr: far below the 1e-5 tolerance, while real gradients still move weights by ~lr."""
+
+
+class SmallEpsTrainer(Trainer):
+    """`algos.trainer.Trainer` with AdamW's eps at `ADAM_EPS` (every run here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for group in self.optimizer.param_groups:
+            group["eps"] = ADAM_EPS
+
+
+class VaryingRewards(SmallEpsTrainer):
+    """Rewards that differ within a group (first action's length mod 4), so GRPO's advantages are not all 0."""
+
+    def make_batch(self, trajectories: Sequence[Any]) -> Any:
+        varied = [dataclasses.replace(t, reward=float(len(t.actions[0]) % 4)) for t in trajectories]
+        return super().make_batch(varied)
+
+
+def _train(trainer: SmallEpsTrainer) -> None:
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+
+
+def sft(run_dir: Path) -> None:
+    """SFT alone, 2 steps, then the held-out evaluation (split over the ranks)."""
+    _train(SmallEpsTrainer(preset_config("tiny", algo="sft", run_dir=str(run_dir), lr=LR, eval_questions=4)))
+
+
+def grpo(run_dir: Path) -> None:
+    """GRPO, 2 steps."""
+    _train(VaryingRewards(preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)))
+
+
+def red_grpo(run_dir: Path) -> None:
+    """GRPO + RED, 2 steps."""
+    _train(VaryingRewards(preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)))
+
+
+def red_grpo_resumed(run_dir: Path) -> None:
+    """GRPO + RED: 1 step, stop, then --resume to step 2."""
+    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)
+    _train(VaryingRewards(dataclasses.replace(config, steps=1)))
+    _train(VaryingRewards(dataclasses.replace(config, resume=True)))
+
+
+RUNS = {"sft": sft, "grpo": grpo, "red_grpo_resumed": red_grpo_resumed}
+"""What the two-process launch plays (red_grpo is the one-process reference of red_grpo_resumed)."""
+
+
+def main(out: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # one group for every run (a trainer leaves a group it did not make)
+    try:
+        for name, run in RUNS.items():
+            run(out / name)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
