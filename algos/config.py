@@ -288,6 +288,7 @@ class Config:
             "data_path": self.data_path,
             "corpus_path": self.corpus_path,
             "observation_format": None if self.observation_format == "redcoda" else self.observation_format,
+            "instructions": None if self.instructions == "search-r1" else self.instructions,
         }
         return {
             "split": self.split,
@@ -298,7 +299,6 @@ class Config:
             "max_turns": self.max_turns,
             "max_planner_turns": self.max_planner_turns,
             "max_executor_turns": self.max_executor_turns,
-            "instructions": self.instructions,
             **server,
             **{name: value for name, value in optional.items() if value is not None},
         }
