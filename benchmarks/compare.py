@@ -62,9 +62,12 @@ class Budget:
 
 
 BUDGETS = {
-    # Under an hour for 3 algorithms x 3 seeds on 2 CPU cores (two invocations side by side, see
-    # benchmarks/README.md): 3 steps of the cpu preset per run, 10 held-out dev questions.
-    "cpu": Budget("cpu", steps=3, eval_limit=10, eval_batch=10),
+    # The main job's budget as a step count: 24 steps of the cpu preset is what `python -m algos.red_grpo`
+    # reaches in its 25 training minutes on the idle 2-core machine. Steps, not minutes, so that runs side by
+    # side (or beside other work) train on exactly what an idle run would; all 200 dev questions.
+    "cpu": Budget("cpu", steps=24, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None")),
+    # A quick look (minutes): 3 steps per run, 10 held-out dev questions.
+    "cpu-quick": Budget("cpu", steps=3, eval_limit=10, eval_batch=10),
     # The seed's configuration (32 prompts per step, group size 2, 480 steps) on the 200 dev questions.
     "gpu": Budget("gpu", steps=480, eval_limit=None, eval_batch=64),
     # Seconds: the test suite runs the whole comparison with it.
@@ -79,7 +82,9 @@ def _run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
     return parse_config(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
 
 
-def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) -> dict[str, Any]:
+def train(
+    algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path, threads: int | None = None
+) -> dict[str, Any]:
     """Train one run to the end (or resume it), and return its summary (cached in run_dir/summary.json)."""
     done = run_dir / "summary.json"
     if done.exists():
@@ -101,6 +106,7 @@ def train(algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path) ->
         "--eval-questions",
         "0",  # every final model is scored below, on the same questions, with the same settings
         *budget.train_args,
+        *(["--torch-threads", str(threads)] if threads else []),
     ]
     if (run_dir / "checkpoints" / "latest").exists():  # a checkpoint was committed: continue from it
         cmd.append("--resume")
@@ -250,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the untrained model")
     parser.add_argument("--train-arg", action="append", default=[], help="extra trainer flag (repeatable)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every training and evaluation")
     parser.add_argument("--init-model", default=None, help="start every run (and the baseline) from this model")
     parser.add_argument(
         "--warm-start-steps",
@@ -260,6 +267,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     budget = BUDGETS[args.budget]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     budget = Budget(
         budget.preset,
         args.steps or budget.steps,
@@ -285,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "--run-dir",
                 str(warm),
                 *budget.train_args,
+                *(["--torch-threads", str(args.threads)] if args.threads else []),
             ]
             if (warm / "checkpoints" / "latest").exists():
                 cmd.append("--resume")
@@ -309,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         evals, summaries = [], []
         for seed in range(args.seeds):
             run_dir = out / "runs" / f"{algo}-seed{seed}"
-            summary = train(algo, seed, budget, args.protocol, run_dir)
+            summary = train(algo, seed, budget, args.protocol, run_dir, args.threads)
             result = evaluate_run(f"{algo}-seed{seed}", summary["final_model"], budget, config, out / "evals")
             run_dirs.setdefault(algo, []).append(run_dir)
             evals.append(result)
