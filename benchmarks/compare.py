@@ -1,6 +1,6 @@
 """The algorithm comparison: GRPO vs GRPO + fixed SFT vs GRPO + RED on the same env, seeds and budget.
 
-    python -m benchmarks.compare --algos grpo grpo_sft red_grpo --seeds 3 --budget cpu
+    python -m benchmarks.compare --algos grpo grpo_sft red_grpo --seeds 3 --budget cpu --threads 1
     python -m benchmarks.compare --budget gpu --protocol coda --out benchmarks/results/compare-gpu-coda
 
 For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
@@ -10,10 +10,13 @@ held-out questions (greedy). The start model (the untrained one, or `--init-mode
 `--warm-start-steps` model) is evaluated once on the same questions as the baseline.
 
 Written to `--out`:
-- `table.md`, `table.csv`: per algorithm, mean and 95% CI across seeds of EM, F1, format score, searches
-  per question, invalid actions, training tokens and wall time (plus the untrained baseline);
-- `reward.png`, `f1.png`, `red_weights.png`: training curves (mean over seeds, one line per algorithm);
-- `report.json`: the exact command, budget, protocol, machine, seeds and every run's numbers;
+- `table.md`, `table.csv`: per algorithm, mean and 95% CI across seeds of EM, F1, valid answers, searches
+  per question, invalid actions and format score, with tokens trained and wall time (plus the start model);
+  in table.md also RED minus every other system paired by question (difference, 95% CI, permutation p-value)
+  and one line per run (steps, tokens trained and sampled, wall time, its scores);
+- `reward.png`, `f1.png`, `answered.png`, `sft_weight.png`: learning curves, mean over seeds with a band
+  from the lowest to the highest seed; `red_weights.png`: RED's entropy weight, accuracy factor and product;
+- `report.json`: the exact command, budget, protocol, machine, seeds, the paired tests and every run's numbers;
 - `runs/<algo>-seed<s>/`: each trainer run (checkpoints, metrics.jsonl, final model);
 - `evals/<name>.json`: each evaluation (metrics and per-question predictions).
 
@@ -39,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.stats import mean_ci
+from benchmarks.stats import mean_ci, paired_difference, paired_permutation_p
 
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
-TABLE_METRICS = ("em", "f1", "format", "num_searches", "invalid_actions")
+TABLE_METRICS = ("em", "f1", "answered", "num_searches", "invalid_actions", "format")
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,18 @@ def train(
         "seed": seed,
         "steps": len(rows),
         "wall_time_s": float(rows[-1].get("time/elapsed", time.perf_counter() - start)),
-        "tokens_trained": float(sum(r.get("tokens/trained", 0.0) for r in rows)),
+        "tokens_trained": _metric_total(run_dir, "tokens/trained"),
+        "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
         "final_model": str(run_dir / "final"),
     }
     done.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _metric_total(run_dir: Path, key: str) -> float:
+    """The sum over a run's logged steps of one metric (tokens trained, tokens sampled)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return float(sum(r.get(key, 0.0) for r in rows))
 
 
 def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Path) -> dict[str, Any]:
@@ -150,49 +160,72 @@ def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Pa
     return result
 
 
-def _curves(run_dirs: dict[str, list[Path]], key: str) -> dict[str, np.ndarray]:
-    """Per algorithm, the mean over seeds of a logged metric at every step (shortest run's length)."""
-    out = {}
-    for algo, dirs in run_dirs.items():
-        series = []
-        for d in dirs:
-            rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            series.append([float(r.get(key, np.nan)) for r in rows])
-        if series:
-            n = min(len(s) for s in series)
-            values = np.array([s[:n] for s in series])
-            seen = np.isfinite(values).any(axis=0)  # steps where no seed logged the metric stay NaN, quietly
-            out[algo] = np.where(seen, np.nanmean(np.where(np.isfinite(values), values, 0.0), axis=0), np.nan)
-            out[algo][seen] = np.nanmean(values[:, seen], axis=0)
+CURVES = {
+    "reward.png": ("critic/rewards/mean", "episode reward"),
+    "f1.png": ("answer_f1/mean", "answer F1"),
+    "answered.png": ("env/answered", "valid answers"),
+    "sft_weight.png": ("sft/weight", "SFT weight"),
+}
+"""The learning curves drawn per algorithm with a band across seeds (file: metric logged per step, title)."""
+SMOOTH_STEPS = 5
+"""Training-rollout metrics average a handful of episodes per step: curves show a trailing mean over this many."""
+
+
+def _seed_curves(run_dirs: Sequence[Path], key: str) -> np.ndarray:
+    """One row per seed: the metric at every step, NaN where unlogged (cut to the shortest run)."""
+    series = []
+    for d in run_dirs:
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        series.append([float(r.get(key, np.nan)) for r in rows])
+    n = min(len(s) for s in series)
+    return np.array([s[:n] for s in series], dtype=np.float64)  # (seeds, steps)
+
+
+def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Per row, the mean of the last `window` logged values at every step (NaN until one is logged)."""
+    out = np.full_like(values, np.nan)
+    for j in range(values.shape[1]):
+        part = values[:, max(0, j - window + 1) : j + 1]
+        seen = np.isfinite(part).sum(axis=1)
+        out[:, j] = np.where(
+            seen > 0, np.nansum(np.where(np.isfinite(part), part, 0.0), axis=1) / np.maximum(seen, 1), np.nan
+        )
     return out
 
 
 def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
-    """reward.png, f1.png and red_weights.png: training curves, mean over seeds."""
+    """Learning curves with seed bands (`CURVES`) and RED's weight factors (red_weights.png).
+
+    Each curve is the mean over seeds of a trailing `SMOOTH_STEPS`-step mean of the training rollouts'
+    metric; the band spans the seeds' lowest to highest value at each step.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    panels = {name: [entry] for name, entry in CURVES.items()}
+    panels["red_weights.png"] = [
+        ("red/entropy_weight", "entropy weight"),
+        ("red/accuracy_factor", "accuracy factor"),
+        ("red/final_weight", "final weight"),
+    ]
     written = []
-    panels = {
-        "reward.png": [("critic/rewards/mean", "episode reward")],
-        "f1.png": [("answer_f1/mean", "answer F1 (training rollouts)")],
-        "red_weights.png": [
-            ("red/entropy_weight", "entropy weight"),
-            ("red/accuracy_factor", "accuracy factor"),
-            ("red/final_weight", "final weight"),
-            ("sft/weight", "SFT weight (all rules)"),
-        ],
-    }
     for filename, keys in panels.items():
         fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
         for ax, (key, label) in zip(axes[0], keys, strict=True):
-            for algo, curve in _curves(run_dirs, key).items():
-                if np.isfinite(curve).any():
-                    ax.plot(np.arange(1, len(curve) + 1), curve, marker="o", markersize=3, label=algo)
+            for algo, dirs in run_dirs.items():
+                values = _trailing_mean(_seed_curves(dirs, key), SMOOTH_STEPS)
+                seen = np.isfinite(values).all(axis=0)
+                if not seen.any():
+                    continue
+                steps = np.arange(1, values.shape[1] + 1)[seen]
+                line = ax.plot(steps, values[:, seen].mean(axis=0), label=f"{algo} ({len(dirs)} seeds)")[0]
+                if len(dirs) > 1:
+                    low, high = values[:, seen].min(axis=0), values[:, seen].max(axis=0)
+                    ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax.set_xlabel("step")
-            ax.set_title(label)
+            ax.set_title(f"{label} ({SMOOTH_STEPS}-step mean, band: seeds)", fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -216,8 +249,57 @@ def _row(name: str, evals: list[dict[str, Any]], summaries: list[dict[str, Any]]
     return row
 
 
-def write_tables(rows: list[dict[str, Any]], out: Path, header: str) -> None:
-    """table.csv (every number) and table.md (mean [95% CI across seeds])."""
+def per_question(evals: list[dict[str, Any]], metric: str) -> dict[str, float]:
+    """A system's score on each question (by id): the mean over its seeds' evaluations."""
+    scores: dict[str, list[float]] = {}
+    for result in evals:
+        for p in result["predictions"]:
+            scores.setdefault(str(p["id"]), []).append(float(p[metric]))
+    return {qid: float(np.mean(values)) for qid, values in scores.items()}
+
+
+def paired_tests(
+    evals: dict[str, list[dict[str, Any]]], reference: str, metrics: Sequence[str] = ("f1", "em", "answered")
+) -> list[dict[str, Any]]:
+    """`reference` minus every other system, paired by question, per metric: mean difference, 95% CI, p-value.
+
+    Each system's per-question score averages its seeds, so the test asks whether the algorithm (not one
+    run) does better on these questions. Raises ValueError when the systems were scored on different questions.
+    """
+    rows = []
+    for other, other_evals in evals.items():
+        if other == reference:
+            continue
+        for metric in metrics:
+            ours, theirs = per_question(evals[reference], metric), per_question(other_evals, metric)
+            if set(ours) != set(theirs):
+                raise ValueError(f"{reference} and {other} were scored on different questions")
+            ids = sorted(ours)
+            a, b = [ours[i] for i in ids], [theirs[i] for i in ids]
+            diff = paired_difference(a, b)
+            rows.append(
+                {
+                    "reference": reference,
+                    "other": other,
+                    "metric": metric,
+                    "difference": diff.mean,
+                    "low": diff.low,
+                    "high": diff.high,
+                    "p": paired_permutation_p(a, b),
+                    "questions": diff.n,
+                }
+            )
+    return rows
+
+
+def write_tables(
+    rows: list[dict[str, Any]],
+    out: Path,
+    header: str,
+    paired: Sequence[dict[str, Any]] = (),
+    runs: Sequence[dict[str, Any]] = (),
+) -> None:
+    """table.csv (every number) and table.md: mean [95% CI across seeds], the paired tests, every run."""
     with open(out / "table.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -231,15 +313,44 @@ def write_tables(rows: list[dict[str, Any]], out: Path, header: str) -> None:
     lines = [
         header,
         "",
-        "| algorithm | seeds | EM | F1 | format | searches/q | invalid actions/q | tokens trained | train wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| algorithm | seeds | EM | F1 | valid answers | searches/q | invalid actions/q | format "
+        "| tokens trained | train wall min |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['algorithm']} | {row['seeds']} | "
             + " | ".join(cell(row, m) for m in TABLE_METRICS)
-            + f" | {row['tokens_trained']:.0f} | {row['train_wall_s']:.0f} |"
+            + f" | {row['tokens_trained']:.0f} | {row['train_wall_s'] / 60:.1f} |"
         )
+    if paired:
+        lines += [
+            "",
+            f"Paired by question ({paired[0]['questions']} questions; each system's score on a question is the "
+            "mean over its seeds): difference, its 95% t-interval, and the two-sided sign-flip permutation p-value.",
+            "",
+            "| comparison | metric | difference [95% CI] | p |",
+            "|---|---|---|---|",
+        ]
+        for t in paired:
+            lines.append(
+                f"| {t['reference']} - {t['other']} | {t['metric']} | "
+                f"{t['difference']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}] | {t['p']:.3g} |"
+            )
+    if runs:
+        lines += [
+            "",
+            "Every run:",
+            "",
+            "| run | steps | tokens trained | tokens sampled | train wall min | EM | F1 | valid answers |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in runs:
+            lines.append(
+                f"| {r['algo']}-seed{r['seed']} | {r['steps']} | {r['tokens_trained']:.0f} | "
+                f"{r.get('tokens_sampled', float('nan')):.0f} | {r['wall_time_s'] / 60:.1f} | "
+                f"{r['eval']['em']['mean']:.3f} | {r['eval']['f1']['mean']:.3f} | {r['eval']['answered']['mean']:.3f} |"
+            )
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
@@ -315,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
 
     run_dirs: dict[str, list[Path]] = {}
+    evals_by_system: dict[str, list[dict[str, Any]]] = {}
     rows = []
     report_runs = []
     for algo in args.algos:
@@ -322,12 +434,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for seed in range(args.seeds):
             run_dir = out / "runs" / f"{algo}-seed{seed}"
             summary = train(algo, seed, budget, args.protocol, run_dir, args.threads)
+            summary.setdefault("tokens_sampled", _metric_total(run_dir, "tokens/sampled"))
             result = evaluate_run(f"{algo}-seed{seed}", summary["final_model"], budget, config, out / "evals")
             run_dirs.setdefault(algo, []).append(run_dir)
             evals.append(result)
             summaries.append(summary)
             report_runs.append({**summary, "eval": result["metrics"]})
         rows.append(_row(algo, evals, summaries))
+        evals_by_system[algo] = evals
     if not args.no_baseline:
         model: Any = config.model
         if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
@@ -336,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             model = tiny_model(seed=0)
         base = evaluate_run("untrained", model, budget, config, out / "evals")
         rows.append(_row("start model, no RL (baseline)", [base], []))
+        evals_by_system["start model"] = [base]
+    reference = "red_grpo" if "red_grpo" in evals_by_system else next(iter(evals_by_system))
+    paired = paired_tests(evals_by_system, reference)
 
     wall = time.perf_counter() - start
     command = "python -m benchmarks.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -354,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
         f"Wall time of this invocation: {wall / 60:.1f} min."
     )
-    write_tables(rows, out, header)
+    write_tables(rows, out, header, paired, report_runs)
     plots = plot(run_dirs, out)
     report = {
         "command": command,
@@ -364,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": machine,
         "wall_time_s": wall,
         "rows": rows,
+        "paired": paired,
         "runs": report_runs,
         "plots": plots,
     }

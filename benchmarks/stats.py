@@ -9,7 +9,9 @@ Two intervals for the mean of per-question scores (EM, F1, searches, ...):
   or very skewed samples.
 
 `paired_difference` gives the interval of a mean difference between two systems scored on the same
-questions (paired by question), which is much tighter than comparing two separate intervals.
+questions (paired by question), which is much tighter than comparing two separate intervals;
+`paired_permutation_p` is its two-sided p-value under "no difference" (random sign flips of the per-question
+differences), which needs no normality.
 
     from benchmarks.stats import mean_ci
     ci = mean_ci([0.0, 1.0, 0.5, 1.0])
@@ -26,7 +28,15 @@ from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["Interval", "bootstrap_interval", "mean_ci", "paired_difference", "t_interval", "t_quantile"]
+__all__ = [
+    "Interval",
+    "bootstrap_interval",
+    "mean_ci",
+    "paired_difference",
+    "paired_permutation_p",
+    "t_interval",
+    "t_quantile",
+]
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,25 @@ def paired_difference(
     if a_array.shape != b_array.shape:
         raise ValueError(f"paired scores need equal lengths, got {a_array.size} and {b_array.size}")
     return mean_ci(a_array - b_array, confidence, method)
+
+
+def paired_permutation_p(
+    a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, resamples: int = 20_000, seed: int = 0
+) -> float:
+    """Two-sided p-value of the mean of `a - b` over paired scores: a sign-flip permutation test (seeded).
+
+    Under "the two systems do not differ", each question's difference is as likely negative as positive, so
+    the observed |mean difference| is compared with those of `resamples` random sign flips. The observed
+    assignment counts as one of them, so p is never 0.
+    """
+    a_array, b_array = _as_array(a), _as_array(b)
+    if a_array.shape != b_array.shape:
+        raise ValueError(f"paired scores need equal lengths, got {a_array.size} and {b_array.size}")
+    diff = a_array - b_array
+    observed = abs(diff.mean())
+    signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(resamples, diff.size))
+    flipped = np.abs((signs * diff).mean(axis=1))  # (resamples,)
+    return float((1 + np.count_nonzero(flipped >= observed - 1e-12)) / (resamples + 1))
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:

@@ -19,6 +19,15 @@ def _trained_config(run_dir) -> Config:
     return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
 
 
+def _scores(out, name) -> dict:
+    return json.loads((out / "evals" / f"{name}.json").read_text())["metrics"]
+
+
+def _per_question(out, name, metric) -> dict[str, float]:
+    predictions = json.loads((out / "evals" / f"{name}.json").read_text())["predictions"]
+    return {p["id"]: p[metric] for p in predictions}
+
+
 def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "cmp"
@@ -36,11 +45,23 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
             sum(p["f1"] for p in result["predictions"]) / 4
         )
     assert float(rows[1]["tokens_trained"]) > 0
+    assert float(rows[0]["answered"]) == pytest.approx(
+        (evals["grpo-seed0"]["metrics"]["answered"]["mean"] + _scores(out, "grpo-seed1")["answered"]["mean"]) / 2
+    )
     table = (out / "table.md").read_text()
     assert "Protocol: flat" in table and "| red_grpo | 2 |" in table
-    for plot in ("reward.png", "f1.png", "red_weights.png"):
+    assert "| red_grpo-seed1 | 2 |" in table  # one line per run
+    for plot in ("reward.png", "f1.png", "answered.png", "sft_weight.png", "red_weights.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     assert len(report["runs"]) == 4 and report["protocol"] == "flat"
+    # RED against each other system, paired by question, each system's question score the mean of its seeds
+    test = next(t for t in report["paired"] if t["other"] == "grpo" and t["metric"] == "f1")
+    red = [_per_question(out, f"red_grpo-seed{s}", "f1") for s in (0, 1)]
+    grpo = [_per_question(out, f"grpo-seed{s}", "f1") for s in (0, 1)]
+    expected = sum((red[0][q] + red[1][q]) / 2 - (grpo[0][q] + grpo[1][q]) / 2 for q in red[0]) / 4
+    assert test["questions"] == 4 and test["difference"] == pytest.approx(expected)
+    assert 0 < test["p"] <= 1 and "| red_grpo - grpo | f1 |" in table
+    assert {t["other"] for t in report["paired"]} == {"grpo", "start model"}
     red_rows = [json.loads(x) for x in (out / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(red_rows) == 2 and "red/final_weight" in red_rows[-1]
 

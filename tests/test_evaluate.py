@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from benchmarks.evaluate import METRICS, evaluate, extract_answer, format_table
-from benchmarks.stats import bootstrap_interval, mean_ci, paired_difference, t_interval, t_quantile
+from benchmarks.stats import (
+    bootstrap_interval,
+    mean_ci,
+    paired_difference,
+    paired_permutation_p,
+    t_interval,
+    t_quantile,
+)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 5, 10, 30, 199])
@@ -31,6 +38,17 @@ def test_intervals_cover_the_mean_and_shrink_with_n():
         mean_ci([])
     with pytest.raises(ValueError):
         mean_ci([1.0], method="wald")
+
+
+def test_the_paired_permutation_p_value_matches_the_exact_sign_flip_count():
+    # 4 equal positive differences: only "all +" and "all -" of the 16 sign patterns are as extreme (p = 1/8)
+    assert paired_permutation_p([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]) == pytest.approx(0.125, abs=0.01)
+    assert paired_permutation_p([0.3, 0.7], [0.3, 0.7]) == 1.0  # no difference at all
+    rng = np.random.default_rng(1)
+    base = rng.random(200)
+    assert paired_permutation_p(base + 0.1, base + rng.normal(0, 0.05, 200)) < 0.001
+    with pytest.raises(ValueError):
+        paired_permutation_p([1.0], [1.0, 0.0])
 
 
 def test_answers_are_extracted_from_tags_or_taken_whole():
