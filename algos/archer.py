@@ -194,8 +194,6 @@ class TurnReplay:
 class ArCHerTrainer(Trainer):
     """The shared loop with ArCHer's turn-level critic for advantages (see the module docstring)."""
 
-    evaluates_held_out = False
-
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {**super().progress_fields(metrics), "q_loss": f"{metrics.get('critic/loss_q', float('nan')):.3f}"}
 

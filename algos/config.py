@@ -237,6 +237,11 @@ class Config:
                 f"--tie-probe-questions must be <= --questions-per-step ({self.questions_per_step}), "
                 f"got {self.tie_probe_questions}"
             )
+        if self.eval_questions and self.data_path and not self.eval_data_path and not self.is_query_rewrite:
+            raise ValueError(
+                "--data-path trains on your own questions, so the held-out ones must come from the same source: "
+                "give --eval-data-path (a file of questions not in the training file), or --eval-questions 0"
+            )
         if self.eval_questions and self.eval_split == self.split:
             raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
         ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share

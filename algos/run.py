@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -118,9 +118,6 @@ class TrainingRun:
         config: The run's settings.
         weighting: The SFT weighting rule; None builds the one of ``config.algo``.
     """
-
-    evaluates_held_out: ClassVar[bool] = True
-    """Whether `train` ends with the before/after evaluation on held-out questions (QA envs only)."""
 
     def __init__(self, config: Config, weighting: SFTWeighting | None = None) -> None:
         import gymnasium as gym
@@ -495,7 +492,7 @@ class TrainingRun:
             checkpoint = self.save()
             final = self.save_final_model()
             summary = self.summary(checkpoint, final)
-        if self.config.eval_questions > 0 and self.evaluates_held_out and not self.config.is_query_rewrite:
+        if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
             from algos.evaluation import before_after, plot_curves
 
             evaluation = before_after(self)  # every rank scores its share of the questions

@@ -7,7 +7,7 @@ import json
 import torch
 
 from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig, ArCHerTrainer
-from algos.config import preset_config
+from algos.config import PRESETS, preset_config
 from algos.value import turn_spans
 
 
@@ -38,6 +38,9 @@ def test_runs_end_to_end_and_resumes(tmp_path):
         assert key in last, key
     assert last["critic/updates"] == 3 * ARCHER_PRESETS["tiny"]["critic_updates"]
     assert last["critic/replay_size"] == min(sum(row["critic/turns"] for row in rows), 64)
+    # it ends as every learner does: the trained and the starting model scored on held-out questions
+    assert summary["evaluation"]["after"]["n"] == PRESETS["tiny"]["eval_questions"]
+    assert (run_dir / "eval.md").exists()
 
     resumed = _trainer(tmp_path, "run", steps=3, resume=True)  # critic, target, optimizer and replay come back
     try:

@@ -83,6 +83,7 @@ def test_help_lists_the_settings(capsys):
         (["--eval-questions", "-1"], "--eval-questions must be >= 0"),
         (["--tie-probe-questions", "5"], "--tie-probe-questions must be <= --questions-per-step"),
         (["--eval-split", "train"], "--eval-split must differ from --split"),
+        (["--data-path", "mine.jsonl"], "--data-path trains on your own questions"),
     ],
 )
 def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
