@@ -40,7 +40,9 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     evals = {
         name: json.loads((out / "evals" / f"{name}.json").read_text()) for name in ("grpo-seed0", "red_grpo-seed1")
     }
+    trained = _trained_config(out / "runs" / "red_grpo-seed1")
     for result in evals.values():
+        assert result["settings"]["env_kwargs"] == held_out_settings(trained)["env_kwargs"]
         assert result["n"] == 4 and float(result["metrics"]["f1"]["mean"]) == pytest.approx(
             sum(p["f1"] for p in result["predictions"]) / 4
         )
