@@ -83,6 +83,10 @@ class Config:
     """Dropout on the LoRA branch."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names that get a LoRA adapter."""
+    fsdp: bool = False
+    """Under torchrun: shard the policy's weights, gradients and AdamW state over the ranks (FSDP2, one unit per
+    decoder layer) instead of a full copy per rank (DDP), for models whose training state does not fit one device;
+    the weights are gathered whole for sampling. One process has nothing to shard and ignores it."""
 
     # --- environment -------------------------------------------------------------------------------------
     env: Annotated[str | None, tyro.conf.arg(aliases=("--env-id",))] = None
@@ -245,6 +249,16 @@ class Config:
         if self.eval_questions and self.eval_split == self.split:
             raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
         ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share
+        if ranks > 1 and self.algo == "archer":
+            raise ValueError(
+                f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
+                "each rank's turns alone and drift apart; run it as one process (python -m algos.archer)"
+            )
+        if self.fsdp and self.lora:
+            raise ValueError(
+                "--fsdp with --lora: not supported (the final model's LoRA merge needs the whole model on one "
+                "rank); LoRA's optimizer state is small, so train it data-parallel without --fsdp"
+            )
         for name in ("questions_per_step", "sft_batch_size"):
             if ranks > 1 and getattr(self, name) < ranks:
                 raise ValueError(

@@ -32,6 +32,30 @@ What each rank does in one step, and why the result equals one process's step on
 - Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
   (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes).
 - Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).
+
+With ``--fsdp`` the policy is sharded instead of replicated (`wrap_fsdp`: FSDP2's ``fully_shard`` on every decoder
+layer, then on the whole model, over a 1-D device mesh of the ranks; a CPU mesh with gloo, a CUDA one with NCCL).
+Each rank holds 1/N of the weights, gradients and AdamW state; what changes in the step:
+
+- Every forward pass all-gathers each layer's weights and every backward pass reduce-scatters its gradients, so
+  every rank must run the same number of passes: before its micro-batches the ranks agree on the largest count
+  with an all-reduce, and after them a rank with fewer runs zero-loss passes (`matched_passes`; the closing pass
+  of DDP above), which add exact zeros. Gradients are summed, as with DDP (a divide factor of 1 with plain sum
+  reductions: gloo has no pre-multiplied sum).
+- Sampling, and the no-grad passes before the update (old log-probs, PPO's values), run a different number of
+  forward passes on each rank, so they run with the full weights held on every rank (`gathered`: one all-gather
+  of every unit, no communication until the block ends, then the gathered copies are freed). This costs one
+  full copy of the weights per rank during the rollout, not a second model: the sampler uses the same modules.
+- Functions that call the decoder and the LM head separately (the masked LM head, PPO's value head) bypass the
+  root module's ``forward``, whose hooks gather the root's own weights (embeddings, final norm, LM head); they run
+  inside those hooks (`as_forward`).
+- Gradient clipping uses the global norm (`clip_grad_norm_`: the norm of the sharded gradients, all-reduced, and
+  that of the tensors outside the policy).
+- Checkpoints and the final model hold the full, unsharded state (`full_state_dict`, `full_optimizer_state`),
+  in the same layout as one process's, written by rank 0; resuming shards it again (`load_full_state_dict`,
+  `shard_optimizer_state`). A checkpoint therefore resumes with any number of ranks, with or without ``--fsdp``.
+- The frozen reference model (``--kl-coef`` > 0) stays a full copy on every rank (no gradients or optimizer
+  state, and it runs once per micro-batch, so its forward passes need no matching).
 """
 
 from __future__ import annotations
@@ -39,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,20 +72,32 @@ import torch.distributed as dist
 
 __all__ = [
     "World",
+    "all_max",
     "all_sum",
+    "as_forward",
     "barrier",
     "broadcast_object",
+    "clip_grad_norm_",
+    "full_optimizer_state",
+    "full_state_dict",
     "gather_episodes",
     "gather_objects",
+    "gathered",
     "init",
+    "load_full_state_dict",
     "main_first",
+    "matched_passes",
     "mean_over_ranks",
     "shard",
+    "shard_optimizer_state",
     "shutdown",
+    "sum_gradients",
     "sum_over_ranks",
     "sync_gradients",
     "token_mean",
     "wrap_ddp",
+    "wrap_fsdp",
+    "zero_pass",
 ]
 
 
@@ -163,6 +199,15 @@ def all_sum(*values: float) -> list[float]:
     return t.tolist()
 
 
+def all_max(value: int) -> int:
+    """The largest `value` over the ranks."""
+    if not _active():
+        return int(value)
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """`values` summed key by key over the ranks (a rank that ran no micro-batch may lack some keys)."""
     if not _active():
@@ -248,20 +293,260 @@ def sync_gradients(
     """Sum the locally accumulated gradients over the ranks (after every micro-batch's backward pass).
 
     The micro-batches ran on the unwrapped model, so DDP did not synchronize them; one closing forward and
-    backward through the wrapper (two pad tokens, loss multiplied by 0, so it adds exact zeros) makes DDP
-    all-reduce each parameter's accumulated ``.grad``. `others` (trainable tensors outside the policy) are
-    summed directly.
+    backward through the wrapper (`zero_pass`) makes DDP all-reduce each parameter's accumulated ``.grad``.
+    `others` (trainable tensors outside the policy) are summed directly.
     """
     if ddp is None:
         return
-    device = next(ddp.parameters()).device
-    ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
-    out = ddp(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    (out.logits.float().sum() * 0.0).backward()
-    for p in others:
+    zero_pass(ddp, pad_token_id)
+    sum_gradients(others)
+
+
+def sum_gradients(params: Sequence[torch.nn.Parameter]) -> None:
+    """Sum each parameter's ``.grad`` over the ranks, one all-reduce each (a missing gradient counts as zeros)."""
+    if not _active():
+        return
+    for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad)
+
+
+def zero_pass(model: torch.nn.Module, pad_token_id: int = 0) -> None:
+    """One forward and backward pass that adds exact zeros to every gradient: two pad tokens, loss multiplied by 0.
+
+    What a wrapper's collectives need when a rank has no real pass left: DDP's closing all-reduce
+    (`sync_gradients`), FSDP2's all-gathers and reduce-scatters of a pass another rank runs (`matched_passes`).
+    """
+    device = next(model.parameters()).device
+    ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    (out.logits.float().sum() * 0.0).backward()
+
+
+# --- FSDP2 (--fsdp) ------------------------------------------------------------------------------------------
+
+
+def wrap_fsdp(model: torch.nn.Module, device: torch.device) -> bool:
+    """Shard `model` over the ranks in place with FSDP2: ``fully_shard`` on each decoder layer, then on the root.
+
+    The decoder layers are the modules whose class Hugging Face lists in ``model._no_split_modules`` (what its own
+    FSDP integration wraps). Gradients are summed over the ranks, not averaged (the losses are already divided by
+    the global token count), with plain sum reductions; every parameter is reduce-scattered in every backward pass,
+    zeros where unused, so the ranks' collectives always match. The mesh is a 1-D mesh of every rank on
+    `device`'s type: ``cpu`` with gloo, ``cuda`` with NCCL. The optimizer must be built afterwards (its parameters
+    become sharded DTensors).
+
+    Returns:
+        Whether the model was sharded (False for one process: nothing to shard).
+
+    Raises:
+        ValueError: the model names no decoder layer class, or this torch's FSDP2 lacks what is used here.
+    """
+    if not _active():
+        return False
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+    except ImportError as err:
+        raise ValueError(
+            f"--fsdp needs FSDP2, which torch {torch.__version__} lacks: upgrade torch (pip install -U torch), "
+            "or train without --fsdp"
+        ) from err
+    needed = ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms", "set_reduce_scatter_unused_params")
+    missing = [name for name in needed if not hasattr(FSDPModule, name)]
+    if missing or not hasattr(torch.nn.utils, "get_total_norm"):
+        raise ValueError(
+            f"--fsdp needs a newer FSDP2 than torch {torch.__version__} has ({', '.join(missing) or 'get_total_norm'} "
+            "missing): upgrade torch (pip install -U torch), or train without --fsdp"
+        )
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"--fsdp: {type(model).__name__} names no decoder layer class (_no_split_modules), so it cannot be "
+            "sharded layer by layer; train it without --fsdp"
+        )
+    with torch.no_grad():  # as DDP does: every shard comes from rank 0's weights, whatever each rank built
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src=0)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_reduce_scatter_unused_params(True, recurse=False)
+    model.run_as_forward = _call  # see as_forward
+    register_fsdp_forward_method(model, "run_as_forward")
+    return True
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def as_forward(model: torch.nn.Module, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run as a forward pass of `model`: a plain call, unless `model` is sharded by
+    `wrap_fsdp`, where it runs inside the root's forward hooks.
+
+    FSDP2 gathers a module's own weights in hooks around its ``forward``. A function that calls the decoder and
+    the LM head separately (`algos.batch.masked_token_logprobs`, `algos.value.logprobs_and_values`) bypasses the
+    root's ``forward``, so without this the root's weights (embeddings, final norm, LM head) would stay sharded.
+    """
+    run = getattr(model, "run_as_forward", None)
+    return fn(*args, **kwargs) if run is None else run(fn, *args, **kwargs)
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Hold every weight of a `wrap_fsdp` model, unsharded, on every rank for the block (no-op for another model).
+
+    On entry every FSDP unit all-gathers its weights (every rank enters at the same point, so the collectives
+    match); inside, forward passes communicate nothing, so each rank may run as many as it needs (sampling, no-grad
+    scoring); on exit the gathered copies are freed and each unit reshards after its forward passes again (the
+    layers do; the root keeps its weights until the backward pass, FSDP2's own default). The module's registered
+    parameters are the full tensors inside the block and the shards outside it.
+    """
+    modules = _fsdp_modules(model)
+    if not modules:
+        yield
+        return
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(module is not model, recurse=False)
+
+
+@contextlib.contextmanager
+def matched_passes(model: torch.nn.Module, passes: int, pad_token_id: int = 0) -> Iterator[None]:
+    """Under `wrap_fsdp`: around a block in which this rank runs `passes` forward and backward passes, make every
+    rank run as many as the busiest one (no-op for a model that is not sharded).
+
+    FSDP2 all-gathers each unit's weights in every forward pass and reduce-scatters its gradients in every
+    backward pass, so a rank that ran fewer micro-batches than another would leave that one waiting in a
+    collective for ever. Before the block, while every rank is at the same point, one all-reduce agrees on the
+    largest count; after it, a rank that ran fewer adds zero-loss passes (`zero_pass`: exact zeros in the
+    gradients). A block that raises is not padded (the run is stopping).
+    """
+    most = all_max(passes) if _fsdp_modules(model) else passes
+    yield
+    for _ in range(most - passes):
+        zero_pass(model, pad_token_id)
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def clip_grad_norm_(params: Sequence[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over the global gradient, also when some gradients are FSDP2 shards.
+
+    Sharded gradients (DTensors) give their norm over every rank's shard (DTensor's norm all-reduces); tensors
+    outside the policy (a value head: the same on every rank after their all-reduce) add theirs; every gradient is
+    scaled by ``max_norm / (norm + 1e-6)`` when that is below 1, as torch does. Returns the total norm (a plain
+    tensor). Without DTensors this is torch's function.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if _is_dtensor(g)]
+    if not sharded:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    local = [g for g in grads if not _is_dtensor(g)]
+    norms = [torch.nn.utils.get_total_norm(sharded).full_tensor()]
+    if local:
+        norms.append(torch.nn.utils.get_total_norm(local).to(norms[0].device))
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = max_norm / (float(total) + 1e-6)
+    if coef < 1.0:
+        for group in (sharded, local):
+            if group:
+                torch._foreach_mul_(group, coef)
+    return total
+
+
+def full_state_dict(model: torch.nn.Module, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors `names` of `model`'s state dict, whole and on the CPU: a collective under `wrap_fsdp`, where every
+    rank must call it and rank 0 alone gets the tensors (the others get an empty dict); otherwise the module's own
+    tensors on every rank."""
+    if not _fsdp_modules(model):
+        state = model.state_dict(keep_vars=True)
+        return {name: state[name] for name in names}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {name: state[name] for name in names if name in state}
+
+
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Load whole tensors (a `full_state_dict`, present on every rank) into `model`, each rank keeping its shard
+    under `wrap_fsdp`; returns the names `model` lacks (the load is not strict about the others)."""
+    if not _fsdp_modules(model):
+        return list(model.load_state_dict(state, strict=False).unexpected_keys)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    known = set(model.state_dict())
+    unexpected = [name for name in state if name not in known]
+    if not unexpected:
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    return unexpected
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every sharded (DTensor) state tensor made whole, on the CPU.
+
+    The layout stays torch's own (state by parameter index, the parameter groups), so a checkpoint is the same file
+    whether one process, DDP or FSDP2 wrote it. A collective when the optimizer holds DTensors: every rank calls it
+    in the same order, and only rank 0's copy is whole (the others' hold no tensors).
+    """
+    state = optimizer.state_dict()
+    if not any(_is_dtensor(v) for s in state["state"].values() for v in s.values()):
+        return state
+    keep = not _active() or dist.get_rank() == 0
+    out: dict[int, dict[str, Any]] = {}
+    for index, values in state["state"].items():
+        out[index] = {}
+        for key, value in values.items():
+            if _is_dtensor(value):
+                whole = value.full_tensor()  # an all-gather: every rank takes part
+                value = whole.cpu() if keep else None
+            out[index][key] = value
+    return {"state": out, "param_groups": state["param_groups"]}
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """A whole optimizer state dict (`full_optimizer_state`, present on every rank) made ready for
+    ``optimizer.load_state_dict`` over sharded parameters: each state tensor shaped like its DTensor parameter
+    becomes this rank's shard of it (no communication: every rank holds the whole tensor); the rest is unchanged."""
+    from torch.distributed.tensor import distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    out: dict[int, dict[str, Any]] = {}
+    for index, values in state["state"].items():
+        param = params[int(index)]
+        out[index] = {}
+        for key, value in values.items():
+            if _is_dtensor(param) and torch.is_tensor(value) and value.shape == param.shape and value.ndim > 0:
+                value = distribute_tensor(
+                    value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+                )
+            out[index][key] = value
+    return {"state": out, "param_groups": state["param_groups"]}
 
 
 def _no_buffer_sync() -> dict[str, bool]:

@@ -148,7 +148,8 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
         del start_model
         if main:
             _write_json(cache, before)
-    after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
+    with trainer.full_weights():  # --fsdp: every rank samples its share with the whole weights
+        after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
     if not main:  # data-parallel ranks besides 0 scored their share and write nothing
         return {}
     table = format_before_after(before, after, config)

@@ -7,7 +7,7 @@ One step (the loop is `algos.trainer.Trainer`'s; this file only changes the adva
     old_values = V(states)  [ref_logp = ref(tokens)]               # (N, T-1), no grad, before the update
     r_t = -kl_coef * kl(old_logp, ref_logp)_t  (+ episode reward on the episode's last sampled token)
     adv, returns = GAE(r, old_values; gamma, lambda)               # per episode, over its sampled tokens
-    adv = whiten(adv)                                              # over the batch's sampled tokens
+    adv = whiten(adv)                                              # over the (global) batch's sampled tokens
     for epoch in range(update_epochs):                             # the same batch, one AdamW step each
         loss = loss_pg(logp, old_logp, adv; clip 0.2) + vf_coef * loss_value(V, old_values, returns; clip)
 
@@ -24,6 +24,9 @@ Choices a reader may need:
 - KL to the frozen initial model (``--kl-coef`` > 0) is a per-token reward penalty (InstructGPT, TRL), with
   ``--kl-estimator`` k1 (``old_logp - ref_logp``) or k3 (``exp(ref - old) - (ref - old) - 1``); not a loss term.
 - GRPO's groups are not needed (the value head is the baseline): the entry point defaults to group_size 1.
+- Data parallel (torchrun): each rank runs GAE on its own episodes (an episode never spans ranks) and the
+  whitening's mean and std are the global batch's (one all-reduce of count, sum and sum of squares), so N ranks
+  train what one process trains.
 
 Run (default env RedCoda-QueryRewrite-v0; the flat QA env with ``--env-id RedCoda-HotpotQA-v0``):
 
@@ -43,6 +46,7 @@ import torch
 from tensordict import TensorDict
 
 from agents.collate import collate_trajectories
+from algos import distributed
 from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config, argv_preset, at_least, check_rules, positive, within
 from algos.losses import policy_loss
@@ -162,7 +166,9 @@ class PPOTrainer(Trainer):
         self.value_head.load_state_dict(weights)
 
     def _forward(self, part: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-        return logprobs_and_values(
+        return distributed.as_forward(  # --fsdp: decoder and LM head called apart, inside the root's forward hooks
+            self.policy,
+            logprobs_and_values,
             self.policy,
             self.value_head,
             part["input_ids"],
@@ -199,8 +205,8 @@ class PPOTrainer(Trainer):
         rewards_t = token_rewards(rewards, mask, batch["episode_id"], kl, cfg.kl_coef)  # (N, T-1)
         adv, returns = episode_gae(rewards_t, old_values, mask, batch["episode_id"], cfg.gamma, cfg.gae_lambda)
         raw_adv = adv
-        if cfg.whiten_advantages:
-            adv = whiten(adv, mask)
+        if cfg.whiten_advantages:  # data parallel: over every rank's sampled tokens
+            adv = whiten(adv, mask, all_sum=distributed.all_sum if self.world.enabled else None)
         batch["adv"] = adv  # (N, T-1)
         batch["returns"] = returns  # (N, T-1)
         batch["old_values"] = old_values  # (N, T-1)

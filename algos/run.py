@@ -15,7 +15,9 @@ needs around it:
 - `train`: the last checkpoint, the final model (``final/``, a Hugging Face directory), the trained and the
   starting model scored on held-out questions (`algos.evaluation.before_after`), the summary table;
 - data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
-  questions, the policy in DDP (`sync_gradients`), rank 0 alone writing files (``self.world.is_main``).
+  questions, the policy in DDP (`sync_gradients`) or sharded by FSDP2 (``--fsdp``: `full_weights` around sampling,
+  `matched_passes` around the micro-batches, whole state gathered for checkpoints), rank 0 alone writing files
+  (``self.world.is_main``).
 
 `main` is the entry points' shared body: parse the command line, train, and print a fault as one line
 (exit status 1, or 2 for settings and data files that cannot be used).
@@ -23,6 +25,7 @@ needs around it:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -68,6 +71,7 @@ _RESUME_MAY_CHANGE = {
     "max_train_minutes",
     "eval_questions",
     "eval_batch_size",
+    "fsdp",
 }
 """Settings a resumed run may change without a warning (they do not change what the steps compute)."""
 
@@ -201,6 +205,13 @@ class TrainingRun:
         with distributed.main_first():
             self.demos = load_demonstrations(config, self.tokenizer, max_tokens=max_context) if uses_sft else []
         self.init_learner()
+        self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
+        """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
+        # --fsdp: shard the policy in place before the optimizer sees its parameters (they become DTensor shards)
+        self.fsdp = config.fsdp and distributed.wrap_fsdp(self.policy, self.device)
+        """Whether the policy is sharded over the ranks (FSDP2); else replicated (DDP) or one process."""
+        if config.fsdp and not self.fsdp:
+            logger.info("--fsdp: one process has nothing to shard; the model trains whole")
         self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
         learner_groups = self.learner_param_groups()
         self.optimizer = torch.optim.AdamW(
@@ -210,11 +221,9 @@ class TrainingRun:
             weight_decay=config.weight_decay,
         )
         self.trainable = self.trainable + [p for group in learner_groups for p in group["params"]]
-        self.ddp = distributed.wrap_ddp(self.policy, self.device)  # None for one process
+        self.ddp = None if self.fsdp else distributed.wrap_ddp(self.policy, self.device)  # None for one process
         """The policy in DistributedDataParallel; only `sync_gradients` runs through it."""
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
-        self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
-        """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
         self.step = 0
         self.last_step_tied = False
         """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
@@ -243,11 +252,45 @@ class TrainingRun:
         return load_model(self.config.model, dtype=torch.float32, device=self.device)
 
     def sync_gradients(self) -> None:
-        """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`)."""
+        """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`).
+
+        DDP: one closing pass all-reduces the policy's gradients. FSDP2 reduce-scattered them in each backward
+        pass already. Either way the trainable tensors outside the policy (a value head) are all-reduced here.
+        """
+        if not self.world.enabled:
+            return
+        in_policy = {id(p) for p in self.policy.parameters()}
+        others = [p for p in self.trainable if id(p) not in in_policy]
         if self.ddp is not None:
-            in_policy = {id(p) for p in self.policy.parameters()}
-            others = [p for p in self.trainable if id(p) not in in_policy]
             distributed.sync_gradients(self.ddp, others, pad_token_id=self.pad_id)
+        else:
+            distributed.sum_gradients(others)
+
+    def matched_passes(self, passes: int) -> contextlib.AbstractContextManager:
+        """Around this rank's `passes` micro-batches: under ``--fsdp`` every rank then runs as many forward and
+        backward passes as the busiest one, so all join every all-gather and reduce-scatter
+        (`algos.distributed.matched_passes`); else nothing."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        return distributed.matched_passes(self.policy, passes, pad_token_id=self.pad_id)
+
+    @contextlib.contextmanager
+    def full_weights(self) -> Iterator[None]:
+        """Hold the policy's whole weights on every rank for the block (``--fsdp``; else nothing to do).
+
+        Sampling and no-grad scoring run as many forward passes as each rank's own episodes need; with the weights
+        gathered once on entry (`algos.distributed.gathered`) those passes communicate nothing. The sampler's kept
+        keys and values are dropped on entry: gathering refills the same parameter tensors in place, which the
+        sampler's own test for changed weights (tensor ids and versions) cannot see.
+        """
+        if not self.fsdp:
+            yield
+            return
+        with distributed.gathered(self.policy):
+            clear = getattr(self.sampler, "clear_cache", None)
+            if clear is not None:
+                clear()
+            yield
 
     # --- resume and checkpoints ----------------------------------------------------------------------------
     def _checkpoint_to_resume(self) -> Path | None:
@@ -279,15 +322,27 @@ class TrainingRun:
             )
         return latest
 
-    def save(self) -> Path:
-        """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``)."""
-        weights = {name: p for name, p in self.policy.named_parameters() if p.requires_grad}
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``).
+
+        Rank 0 writes; under ``--fsdp`` every rank must call this, as the whole weights and optimizer state are
+        gathered from the shards (the checkpoint is the same as one process's). Returns the checkpoint's directory
+        (None on the other ranks).
+        """
+        names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
+        if not self.world.is_main and not self.fsdp:
+            return None
+        weights = distributed.full_state_dict(self.policy, names)  # under --fsdp a collective
+        optimizer = distributed.full_optimizer_state(self.optimizer)  # likewise
+        if not self.world.is_main:
+            return None
         state = {
             "config": dataclasses.asdict(self.config),
             "weighting": self.weighting.state_dict(),
             "collector": self.collector.state_dict(),
             "last_step_tied": self.last_step_tied,
             "elapsed": self.elapsed,
+            "ranks": self.world.size,
         }
         learner_tensors, learner_state = self.learner_state_dict()
         weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
@@ -298,7 +353,7 @@ class TrainingRun:
             self.checkpoint_dir,
             self.step,
             weights=weights,
-            optimizer=self.optimizer.state_dict(),
+            optimizer=optimizer,
             state=state,
             keep=self.config.keep_checkpoints,
         )
@@ -321,10 +376,13 @@ class TrainingRun:
         missing = names - set(weights)
         if missing:
             raise ValueError(f"{path} lacks trainable parameters {sorted(missing)[:5]} (saved with other settings?)")
-        result = self.policy.load_state_dict(weights, strict=False)
-        if result.unexpected_keys:
-            raise ValueError(f"{path} has parameters this model lacks: {result.unexpected_keys[:5]}")
-        self.optimizer.load_state_dict(checkpoint.optimizer)
+        unexpected = distributed.load_full_state_dict(self.policy, weights)  # under --fsdp each rank keeps its shard
+        if unexpected:
+            raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
+        optimizer = checkpoint.optimizer
+        if self.fsdp:
+            optimizer = distributed.shard_optimizer_state(self.optimizer, optimizer)
+        self.optimizer.load_state_dict(optimizer)
         self.load_learner_state_dict(learner_tensors, checkpoint.state.get("learner", {}))
         self.weighting.load_state_dict(checkpoint.state["weighting"])
         self.collector.load_state_dict(checkpoint.state["collector"])
@@ -340,6 +398,9 @@ class TrainingRun:
         }
         if changed:
             logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
+        ranks = int(checkpoint.state.get("ranks", 1))
+        if ranks != self.world.size:  # the state is the global batch's (data order, seeds, whole weights)
+            logger.info("resuming a checkpoint of %d rank(s) with %d", ranks, self.world.size)
         restored = self._restore_metrics(checkpoint.state.get("metrics", [])) if self.world.is_main else []
         logger.info("resumed from %s at step %d", path, self.step)
         return restored
@@ -371,15 +432,28 @@ class TrainingRun:
         write_text_atomic(self.metrics_path, "".join(rows[step] + "\n" for step in sorted(rows)))
         return restored
 
-    def save_final_model(self) -> Path:
-        """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically."""
+    def save_final_model(self) -> Path | None:
+        """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically.
+
+        Rank 0 writes; under ``--fsdp`` every rank must call this (the whole weights are gathered from the shards).
+        Returns the directory (None on the other ranks).
+        """
+        state = None
+        if self.fsdp:  # the module's own tensors are shards: save the gathered state dict instead
+            tensors = self.policy.state_dict(keep_vars=True)
+            once = {id(t): name for name, t in reversed(tensors.items())}  # tied weights under their first name
+            state = distributed.full_state_dict(
+                self.policy, [name for name in tensors if once[id(tensors[name])] == name]
+            )
+        if not self.world.is_main:
+            return None
         target = self.run_dir / "final"
         tmp = Path(tempfile.mkdtemp(prefix=".final-", dir=self.run_dir))
         try:
             model = self.policy
             if self.peft_model is not None:
                 model = copy.deepcopy(self.peft_model).merge_and_unload()
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             tmp.chmod(0o755)
             if target.exists():
@@ -451,9 +525,9 @@ class TrainingRun:
             self.elapsed += last_step
             metrics["time/elapsed"] = self.elapsed
             self._unsaved_metrics.append(metrics)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps and self.world.is_main:
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                 ckpt_start = time.perf_counter()
-                self.save()
+                self.save()  # rank 0 writes (under --fsdp every rank gathers)
                 metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
             if self.world.is_main:
                 self.log(metrics)
@@ -488,9 +562,9 @@ class TrainingRun:
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
-        if self.world.is_main:  # the other ranks hold the same weights and write nothing
-            checkpoint = self.save()
-            final = self.save_final_model()
+        checkpoint = self.save()  # rank 0 writes; the other ranks write nothing (under --fsdp they help gather)
+        final = self.save_final_model()
+        if checkpoint is not None and final is not None:
             summary = self.summary(checkpoint, final)
         if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
             from algos.evaluation import before_after, plot_curves

@@ -39,7 +39,8 @@ takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
 
 Everything around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out
 evaluation, the summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share
-of the batch (`algos.distributed`); the few lines that make it equal one process's step say "data parallel".
+of the batch (`algos.distributed`); the few lines that make it equal one process's step say "data parallel", and
+those that let a sharded policy (``--fsdp``) run it say "--fsdp".
 """
 
 from __future__ import annotations
@@ -100,17 +101,19 @@ class Trainer(TrainingRun):
         probe = cfg.tie_probe_questions if self.last_step_tied else None
         if probe is not None:  # data parallel: at least one question per rank
             probe = min(max(probe, self.world.size), cfg.questions_per_step)
-        with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
-        t_rollout = time.perf_counter() - step_start
-        gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes, for statistics
-        infos = [t.info for t in gathered]
-        _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
+        # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
+        with self.full_weights():
+            with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
+                trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
+            t_rollout = time.perf_counter() - step_start
+            gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
+            infos = [t.info for t in gathered]
+            _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
 
-        # advantages, old log-probs and the rule's weight, before the update
-        start = time.perf_counter()
-        rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
-        batch, batch_metrics = self.make_batch(trajectories)
+            # advantages, old log-probs and the rule's weight, before the update
+            start = time.perf_counter()
+            rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
+            batch, batch_metrics = self.make_batch(trajectories)
         self.last_step_tied = rewards_tied(gathered)
         sync()
         t_old_logp = time.perf_counter() - start
@@ -137,7 +140,7 @@ class Trainer(TrainingRun):
             sync()
             t_fwd_bwd += time.perf_counter() - start
             start = time.perf_counter()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            grad_norm = distributed.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             sync()
@@ -233,19 +236,20 @@ class Trainer(TrainingRun):
         losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
         token_sums: dict[str, float] = {}  # per-token metrics (clip_fraction, approx_kl, ...) times tokens
         run_tokens, trained_tokens = 0.0, 0
-        for part_rows in parts:
-            part = self._rows(batch, part_rows)
-            with self._autocast():
-                terms = self.rl_loss_terms(part, num_tokens)
-            total_loss(terms).backward()
-            n_mask = float(part["loss_mask"].sum())
-            run_tokens += n_mask
-            trained_tokens += int(part["attention_mask"].sum())
-            for key in terms.keys():
-                if key.startswith("loss_"):
-                    losses[key] = losses.get(key, 0.0) + float(terms[key].detach())
-                else:
-                    token_sums[key] = token_sums.get(key, 0.0) + float(terms[key]) * n_mask
+        with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
+            for part_rows in parts:
+                part = self._rows(batch, part_rows)
+                with self._autocast():
+                    terms = self.rl_loss_terms(part, num_tokens)
+                total_loss(terms).backward()
+                n_mask = float(part["loss_mask"].sum())
+                run_tokens += n_mask
+                trained_tokens += int(part["attention_mask"].sum())
+                for key in terms.keys():
+                    if key.startswith("loss_"):
+                        losses[key] = losses.get(key, 0.0) + float(terms[key].detach())
+                    else:
+                        token_sums[key] = token_sums.get(key, 0.0) + float(terms[key]) * n_mask
         losses, token_sums = distributed.sum_over_ranks(losses), distributed.sum_over_ranks(token_sums)  # data parallel
         run_tokens, trained_tokens, contexts = distributed.all_sum(run_tokens, trained_tokens, len(rows))
         out = {**losses, "tokens/trained_rl": int(trained_tokens), "rl/contexts_run": int(contexts)}
@@ -258,15 +262,17 @@ class Trainer(TrainingRun):
         (num_tokens,) = distributed.all_sum(float(sft_batch["loss_mask"].sum()))  # data parallel: as in _rl_backward
         lengths = sft_batch["attention_mask"].sum(-1).tolist()
         nll, entropy_sum, trained_tokens = 0.0, 0.0, 0
-        for rows in micro_batches(lengths, self.config.micro_batch_tokens):
-            part = self._rows(sft_batch, rows)
-            with self._autocast():
-                logp, entropy = self._logprobs(self.policy, part, with_entropy=True)  # (n, L-1) each
-                part_nll = sft_loss(logp, part["loss_mask"], num_tokens=num_tokens)
-            (coef * part_nll).backward()
-            nll += float(part_nll.detach())
-            entropy_sum += float(entropy[part["loss_mask"]].sum())
-            trained_tokens += int(part["attention_mask"].sum())
+        parts = micro_batches(lengths, self.config.micro_batch_tokens)
+        with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
+            for rows in parts:
+                part = self._rows(sft_batch, rows)
+                with self._autocast():
+                    logp, entropy = self._logprobs(self.policy, part, with_entropy=True)  # (n, L-1) each
+                    part_nll = sft_loss(logp, part["loss_mask"], num_tokens=num_tokens)
+                (coef * part_nll).backward()
+                nll += float(part_nll.detach())
+                entropy_sum += float(entropy[part["loss_mask"]].sum())
+                trained_tokens += int(part["attention_mask"].sum())
         nll, entropy_sum, trained_tokens = distributed.all_sum(nll, entropy_sum, trained_tokens)  # data parallel
         return {
             "loss_sft": coef * nll,
@@ -314,7 +320,7 @@ class Trainer(TrainingRun):
         self.sync_gradients()  # data parallel: sum the ranks' gradients
         sync()
         t_fwd_bwd = time.perf_counter() - start
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip or math.inf)
+        grad_norm = distributed.clip_grad_norm_(self.trainable, self.config.grad_clip or math.inf)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.eval()
@@ -349,8 +355,10 @@ class Trainer(TrainingRun):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions, ``(n, L-1)`` each."""
         ids, attn, mask = part["input_ids"], part["attention_mask"], part["loss_mask"]
-        if self.masked_head:
-            return masked_token_logprobs(model, ids, attn, mask, temperature=temperature, with_entropy=with_entropy)
+        if self.masked_head:  # --fsdp: the decoder and the LM head, called apart, run inside the root's forward hooks
+            return distributed.as_forward(
+                model, masked_token_logprobs, model, ids, attn, mask, temperature=temperature, with_entropy=with_entropy
+            )
         if with_entropy:
             return token_logprobs_and_entropy(model, ids, attn, micro_batch_size=len(ids), temperature=temperature)
         return token_logprobs(model, ids, attn, micro_batch_size=len(ids), temperature=temperature), None

@@ -17,7 +17,8 @@ pooled features of a frozen encoder (see `algos.archer`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -157,10 +158,32 @@ def episode_gae(
     return adv, returns
 
 
-def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(values - mean) / std`` over the masked entries (0 elsewhere); fewer than two entries: only centred."""
+def whiten(
+    values: Tensor, mask: Tensor, eps: float = 1e-8, *, all_sum: Callable[..., list[float]] | None = None
+) -> Tensor:
+    """``(values - mean) / std`` over the masked entries (0 elsewhere); fewer than two entries: only centred.
+
+    Args:
+        values: Any shape.
+        mask: Same shape; the entries that count.
+        eps: Added to the std.
+        all_sum: Sums numbers over the data-parallel ranks (`algos.distributed.all_sum`); given, the mean and the
+            (unbiased) std are those of every rank's masked entries, from one all-reduce of their count, sum and
+            sum of squares (float64), so N ranks whiten their shares as one process whitens the whole batch.
+    """
     keep = mask.bool()
     picked = values[keep]
+    if all_sum is not None:
+        wide = picked.double()
+        count, total, squares = all_sum(picked.numel(), float(wide.sum()), float(wide.square().sum()))
+        if count == 0:
+            return torch.zeros_like(values)
+        mean = total / count
+        centred = (wide - mean).to(values.dtype)
+        if count > 1:
+            std = math.sqrt(max(squares - total * mean, 0.0) / (count - 1))
+            centred = centred / (std + eps)
+        return torch.zeros_like(values).masked_scatter(keep, centred)
     if picked.numel() == 0:
         return torch.zeros_like(values)
     centred = picked - picked.mean()

@@ -9,7 +9,8 @@ ratio is the data-parallel speed-up alone:
     python -m benchmarks.scaling                                   # tiny model: 1 x 1 thread vs 2 x 1 thread
     python -m benchmarks.scaling --procs 1 2 4 --model smollm2 --questions-per-step 8 --steps 4
 
-Flags after ``--`` go to the trainer unchanged (e.g. ``-- --protocol coda``).
+Flags after ``--`` go to the trainer unchanged (e.g. ``-- --protocol coda``; ``-- --fsdp`` shards the model over the
+ranks, FSDP2, where one process trains it whole).
 """
 
 from __future__ import annotations

@@ -4,18 +4,21 @@
 
 Each run is a function of its run directory, so the test plays the same function in its own process for the
 one-process reference. GRPO's runs replace the tiny random model's rewards (all -3: every advantage would be
-0) by a deterministic function of each episode's first action, so the policy gradient is not zero.
+0) by a deterministic function of each episode's first action, so the policy gradient is not zero. The
+``*_fsdp`` runs shard the model over the two ranks (``--fsdp``); in one process they are the plain runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from algos.config import preset_config
+from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
 from algos.trainer import Trainer
 
 LR = 1e-4
@@ -27,8 +30,8 @@ cancel; at eps 1e-8 Adam's g / (|g| + eps) turns such a component's noise into a
 into at most ~1e-2 lr: far below the 1e-5 tolerance, while real gradients still move weights by ~lr."""
 
 
-class SmallEpsTrainer(Trainer):
-    """`algos.trainer.Trainer` with AdamW's eps at `ADAM_EPS` (every run here)."""
+class SmallEps:
+    """AdamW's eps at `ADAM_EPS` (every run here), mixed into a trainer class."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,12 +39,32 @@ class SmallEpsTrainer(Trainer):
             group["eps"] = ADAM_EPS
 
 
+class SmallEpsTrainer(SmallEps, Trainer):
+    """`algos.trainer.Trainer` with AdamW's eps at `ADAM_EPS`."""
+
+
+class SmallEpsPPO(SmallEps, PPOTrainer):
+    """`algos.ppo.PPOTrainer` with AdamW's eps at `ADAM_EPS`."""
+
+
+def _varied(trajectories: Sequence[Any]) -> list[Any]:
+    return [dataclasses.replace(t, reward=float(len(t.actions[0]) % 4)) for t in trajectories]
+
+
 class VaryingRewards(SmallEpsTrainer):
     """Rewards that differ within a group (first action's length mod 4), so GRPO's advantages are not all 0."""
 
     def make_batch(self, trajectories: Sequence[Any]) -> Any:
-        varied = [dataclasses.replace(t, reward=float(len(t.actions[0]) % 4)) for t in trajectories]
-        return super().make_batch(varied)
+        return super().make_batch(_varied(trajectories))
+
+
+class VaryingRewardsPPO(SmallEpsPPO):
+    """PPO on the same varied rewards. With the tiny model's equal rewards the first step's advantages would be
+    float noise (a KL of ~1e-8 between the sampler's and the reference's log-probs of the same weights) that
+    whitening scales up to unit variance, so its result would hang on the summation order."""
+
+    def make_batch(self, trajectories: Sequence[Any]) -> Any:
+        return super().make_batch(_varied(trajectories))
 
 
 def _train(trainer: SmallEpsTrainer) -> None:
@@ -51,14 +74,37 @@ def _train(trainer: SmallEpsTrainer) -> None:
         trainer.close()
 
 
-def sft(run_dir: Path) -> None:
+def sft(run_dir: Path, fsdp: bool = False) -> None:
     """SFT alone, 2 steps, then the held-out evaluation (split over the ranks)."""
-    _train(SmallEpsTrainer(preset_config("tiny", algo="sft", run_dir=str(run_dir), lr=LR, eval_questions=4)))
+    config = preset_config("tiny", algo="sft", run_dir=str(run_dir), lr=LR, eval_questions=4, fsdp=fsdp)
+    _train(SmallEpsTrainer(config))
 
 
-def grpo(run_dir: Path) -> None:
+def grpo(run_dir: Path, fsdp: bool = False) -> None:
     """GRPO, 2 steps."""
-    _train(VaryingRewards(preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)))
+    config = preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=fsdp)
+    _train(VaryingRewards(config))
+
+
+def ppo(run_dir: Path, fsdp: bool = False) -> None:
+    """PPO (its tiny preset: the query-rewrite env, 4 questions, 2 epochs per step, KL to the start), 2 steps."""
+    settings = {**PPO_DEFAULTS, **PPO_PRESETS["tiny"], "algo": "ppo", "lr": LR, "value_lr": LR, "fsdp": fsdp}
+    _train(VaryingRewardsPPO(preset_config("tiny", PPOConfig, run_dir=str(run_dir), **settings)))
+
+
+def sft_fsdp(run_dir: Path) -> None:
+    """`sft` with the model sharded (``--fsdp``)."""
+    sft(run_dir, fsdp=True)
+
+
+def grpo_fsdp(run_dir: Path) -> None:
+    """`grpo` with the model sharded (``--fsdp``)."""
+    grpo(run_dir, fsdp=True)
+
+
+def ppo_fsdp(run_dir: Path) -> None:
+    """`ppo` with the model sharded (``--fsdp``)."""
+    ppo(run_dir, fsdp=True)
 
 
 def red_grpo(run_dir: Path) -> None:
@@ -73,7 +119,29 @@ def red_grpo_resumed(run_dir: Path) -> None:
     _train(VaryingRewards(dataclasses.replace(config, resume=True)))
 
 
-RUNS = {"sft": sft, "grpo": grpo, "red_grpo_resumed": red_grpo_resumed}
+def red_grpo_fsdp_resumed(run_dir: Path) -> None:
+    """`red_grpo_resumed` with the model sharded (``--fsdp``); the run directory after step 1 is kept as
+    ``<run_dir>_step1``, for a resume by another number of processes."""
+    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=True)
+    _train(VaryingRewards(dataclasses.replace(config, steps=1)))
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        shutil.copytree(run_dir, run_dir.with_name(run_dir.name + "_step1"))
+    dist.barrier()
+    _train(VaryingRewards(dataclasses.replace(config, resume=True)))
+
+
+RUNS = {
+    "sft": sft,
+    "grpo": grpo,
+    "ppo": ppo,
+    "red_grpo_resumed": red_grpo_resumed,
+    "sft_fsdp": sft_fsdp,
+    "grpo_fsdp": grpo_fsdp,
+    "ppo_fsdp": ppo_fsdp,
+    "red_grpo_fsdp_resumed": red_grpo_fsdp_resumed,
+}
 """What the two-process launch plays (red_grpo is the one-process reference of red_grpo_resumed)."""
 
 

@@ -1,9 +1,11 @@
-"""Data parallelism (algos.distributed): two gloo processes under torchrun train exactly what one process does."""
+"""Data parallelism (algos.distributed): two gloo processes under torchrun train exactly what one process does,
+with the model replicated (DDP) or sharded (FSDP2, ``--fsdp``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,9 @@ from safetensors.torch import load_file
 from agents.collector import shard_range
 from agents.models import tiny_model
 from algos import distributed
+from algos.archer import ArCHerConfig
+from algos.config import parse_config, preset_config
+from algos.value import whiten
 
 HERE = Path(__file__).resolve().parent
 
@@ -31,6 +36,26 @@ def two_processes(tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run of a `distributed_runs` function by name, played once per module (``*_fsdp`` runs are the
+    plain runs in one process, so they share it)."""
+    out = tmp_path_factory.mktemp("dp1")
+    threads = torch.get_num_threads()
+
+    def run(name: str) -> Path:
+        name = name.removesuffix("_fsdp")
+        if not (out / name / "final").is_dir():
+            torch.set_num_threads(1)
+            try:
+                getattr(distributed_runs, name)(out / name)
+            finally:
+                torch.set_num_threads(threads)
+        return out / name
+
+    return run
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -55,38 +80,98 @@ def _files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if "wandb" not in p.parts)
 
 
-@pytest.mark.parametrize("name", ["sft", "grpo"])
-def test_two_processes_train_what_one_process_trains(name, two_processes, tmp_path, one_torch_thread):
-    getattr(distributed_runs, name)(tmp_path / name)
-    one, two = tmp_path / name, two_processes / name
+@pytest.mark.parametrize("name", ["sft", "grpo", "ppo", "sft_fsdp", "grpo_fsdp", "ppo_fsdp"])
+def test_two_processes_train_what_one_process_trains(name, two_processes, one_process):
+    one, two = one_process(name), two_processes / name
     _assert_same_weights(one, two)
     rows_one, rows_two = _rows(one), _rows(two)
     assert [r["step"] for r in rows_two] == [1, 2]  # rank 0 alone logged: one row per step
     for a, b in zip(rows_one, rows_two, strict=True):  # metrics are reduced over the ranks: the global batch's
         for key in ("total_loss", "tokens/trained", "critic/rewards/mean", "train/grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6, nan_ok=True), key
-    if name == "grpo":
+    if name.startswith(("grpo", "ppo")):
         assert any(abs(r["loss_pg"]) > 0 for r in rows_two)  # the policy gradient did act
+    if name.startswith("grpo"):
         assert rows_two[0]["train/questions"] == 2 and rows_two[0]["tokens/sampled"] == rows_one[0]["tokens/sampled"]
     assert _files(two) == _files(one)  # no second copy, no debris of a concurrent write
+    # a sharded run's checkpoint is one process's: the same tensors, the same optimizer state layout
+    ckpt_one, ckpt_two = one / "checkpoints" / "step_000002", two / "checkpoints" / "step_000002"
+    assert load_file(ckpt_two / "weights.safetensors").keys() == load_file(ckpt_one / "weights.safetensors").keys()
+    opt_one, opt_two = (torch.load(c / "optimizer.pt", weights_only=True) for c in (ckpt_one, ckpt_two))
+    assert opt_two["param_groups"] == opt_one["param_groups"]
+    for index, state in opt_one["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(opt_two["state"][index][key], value, rtol=1e-3, atol=1e-6, msg=f"{index} {key}")
 
 
-def test_evaluation_is_split_over_the_ranks_and_pooled(two_processes, tmp_path, one_torch_thread):
-    distributed_runs.sft(tmp_path / "sft")
-    one = json.loads((tmp_path / "sft" / "eval.json").read_text())
-    two = json.loads((two_processes / "sft" / "eval.json").read_text())
+@pytest.mark.parametrize("name", ["sft", "sft_fsdp"])
+def test_evaluation_is_split_over_the_ranks_and_pooled(name, two_processes, one_process):
+    one = json.loads((one_process(name) / "eval.json").read_text())
+    two = json.loads((two_processes / name / "eval.json").read_text())
     assert two["after"]["n"] == one["after"]["n"] == 4
     assert [p["actions"] for p in two["after"]["predictions"]] == [p["actions"] for p in one["after"]["predictions"]]
     assert two["after"]["metrics"] == one["after"]["metrics"]
 
 
-def test_resume_in_two_processes_continues_exactly(two_processes, tmp_path, one_torch_thread):
-    distributed_runs.red_grpo(tmp_path / "red")  # one process, 2 steps without a stop
-    resumed = two_processes / "red_grpo_resumed"
-    _assert_same_weights(tmp_path / "red", resumed)
+@pytest.mark.parametrize("name", ["red_grpo_resumed", "red_grpo_fsdp_resumed"])
+def test_resume_in_two_processes_continues_exactly(name, two_processes, one_process):
+    one = one_process("red_grpo")  # one process, 2 steps without a stop
+    resumed = two_processes / name
+    _assert_same_weights(one, resumed)
     assert [r["step"] for r in _rows(resumed)] == [1, 2]
-    for a, b in zip(_rows(tmp_path / "red"), _rows(resumed), strict=True):
+    for a, b in zip(_rows(one), _rows(resumed), strict=True):
         assert b["sft/weight"] == pytest.approx(a["sft/weight"], rel=1e-5)
+
+
+def test_a_sharded_checkpoint_resumes_in_one_process(two_processes, one_process, tmp_path, one_torch_thread):
+    """The state is the global batch's (data order, per-episode seeds, whole weights and AdamW state), so a run
+    resumes with another number of ranks: here step 1 of two sharded processes, resumed by one process."""
+    from distributed_runs import LR, VaryingRewards, _train
+
+    run_dir = tmp_path / "red"
+    shutil.copytree(two_processes / "red_grpo_fsdp_resumed_step1", run_dir)
+    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, resume=True)
+    _train(VaryingRewards(config))  # the checkpoint's fsdp=True may change: one process has nothing to shard
+    _assert_same_weights(one_process("red_grpo"), run_dir)
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2]
+
+
+def test_archer_refuses_data_parallel(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="archer does not run data-parallel"):
+        preset_config("tiny", ArCHerConfig, algo="archer")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--preset", "tiny"], algo="archer", config_cls=ArCHerConfig)
+    assert exit_info.value.code == 2
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert preset_config("tiny", ArCHerConfig, algo="archer").algo == "archer"
+
+
+def test_fsdp_refuses_lora():
+    with pytest.raises(ValueError, match="--fsdp with --lora"):
+        preset_config("tiny", algo="grpo", fsdp=True, lora=True)
+
+
+def test_global_whitening_equals_whitening_the_whole_batch():
+    """PPO's whitening with `all_sum`: two shares whitened with their summed statistics are the whole batch whitened
+    at once (what two ranks do), and one share with the identity sum is the plain whitening."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 9, generator=gen) * 3 + 1  # (N, T-1)
+    mask = torch.rand(6, 9, generator=gen) > 0.3
+    whole = whiten(values, mask)
+
+    def stats(v, m):
+        picked = v[m].double()
+        return [picked.numel(), float(picked.sum()), float(picked.square().sum())]
+
+    halves = [(values[:2], mask[:2]), (values[2:], mask[2:])]  # unequal shares, as ranks may hold
+    parts = []
+    for i, (v, m) in enumerate(halves):
+        other = stats(*halves[1 - i])
+        parts.append(whiten(v, m, all_sum=lambda *mine, other=other: [a + b for a, b in zip(mine, other, strict=True)]))
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-6)
+    alone = whiten(values, mask, all_sum=lambda *v: [float(x) for x in v])
+    torch.testing.assert_close(alone, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_shards_cover_the_batch_once():
