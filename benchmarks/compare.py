@@ -220,7 +220,8 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
                 if not seen.any():
                     continue
                 steps = np.arange(1, values.shape[1] + 1)[seen]
-                line = ax.plot(steps, values[:, seen].mean(axis=0), label=f"{algo} ({len(dirs)} seeds)")[0]
+                seeds = f"{len(dirs)} seed{'s' if len(dirs) > 1 else ''}"
+                line = ax.plot(steps, values[:, seen].mean(axis=0), label=f"{algo} ({seeds})")[0]
                 if len(dirs) > 1:
                     low, high = values[:, seen].min(axis=0), values[:, seen].max(axis=0)
                     ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -464,12 +465,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             machine += f", {torch.cuda.get_device_name(0)}"
     except ImportError:
         pass
+    held_out = f"the first {budget.eval_limit}" if budget.eval_limit else "all"
     header = (
         f"Protocol: {args.protocol}; budget: {args.budget} ({budget.steps} steps of preset {budget.preset}); "
         f"start model: {config.model or 'SmolLM2-135M-Instruct'}; "
-        f"seeds: 0..{args.seeds - 1}; held-out: first {budget.eval_limit or 'all'} HotpotQA dev questions, greedy. "
+        f"seeds: 0..{args.seeds - 1}; held-out: {held_out} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
-        f"Wall time of this invocation: {wall / 60:.1f} min."
+        f"Wall time of this invocation: {wall / 60:.1f} min (finished trainings and evaluations are read, not redone)."
     )
     write_tables(rows, out, header, paired, report_runs)
     plots = plot(run_dirs, out)
