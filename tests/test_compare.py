@@ -76,13 +76,15 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
 
 
 def test_a_coda_comparison_evaluates_in_the_env_it_trained_in(tmp_path, monkeypatch):
-    """Turn limits, context length and tokens per turn of the evaluation are the training run's own."""
+    """The whole pipeline in CoDA; every evaluation's turn limits, context length and tokens per turn are the runs'."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "cmp"
-    main(["--budget", "tiny", "--protocol", "coda", "--algos", "red_grpo", "--seeds", "1", "--out", str(out)])
+    report = main(["--budget", "tiny", "--protocol", "coda", "--seeds", "1", "--out", str(out)])  # all three
+    assert [row["algorithm"] for row in report["rows"]][:3] == ["grpo", "grpo_sft", "red_grpo"]
+    assert {t["other"] for t in report["paired"]} == {"grpo", "grpo_sft", "start model"}
     trained = _trained_config(out / "runs" / "red_grpo-seed0")
     assert trained.protocol == "coda"
-    for name in ("red_grpo-seed0", "untrained"):
+    for name in ("grpo-seed0", "grpo_sft-seed0", "red_grpo-seed0", "untrained"):
         settings = json.loads((out / "evals" / f"{name}.json").read_text())["settings"]
         expected = held_out_settings(trained)
         assert settings["agent"] == "coda"
