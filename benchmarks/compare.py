@@ -116,7 +116,7 @@ def train(
     start = time.perf_counter()
     print(f"[compare] {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = _metrics(run_dir)
     summary = {
         "algo": algo,
         "seed": seed,
@@ -130,10 +130,14 @@ def train(
     return summary
 
 
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl: one dict per logged step."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def _metric_total(run_dir: Path, key: str) -> float:
     """The sum over a run's logged steps of one metric (tokens trained, tokens sampled)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return float(sum(r.get(key, 0.0) for r in rows))
+    return float(sum(r.get(key, 0.0) for r in _metrics(run_dir)))
 
 
 def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Path) -> dict[str, Any]:
@@ -173,10 +177,7 @@ SMOOTH_STEPS = 5
 
 def _seed_curves(run_dirs: Sequence[Path], key: str) -> np.ndarray:
     """One row per seed: the metric at every step, NaN where unlogged (cut to the shortest run)."""
-    series = []
-    for d in run_dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        series.append([float(r.get(key, np.nan)) for r in rows])
+    series = [[float(r.get(key, np.nan)) for r in _metrics(d)] for d in run_dirs]
     n = min(len(s) for s in series)
     return np.array([s[:n] for s in series], dtype=np.float64)  # (seeds, steps)
 
@@ -187,9 +188,7 @@ def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
     for j in range(values.shape[1]):
         part = values[:, max(0, j - window + 1) : j + 1]
         seen = np.isfinite(part).sum(axis=1)
-        out[:, j] = np.where(
-            seen > 0, np.nansum(np.where(np.isfinite(part), part, 0.0), axis=1) / np.maximum(seen, 1), np.nan
-        )
+        out[:, j] = np.where(seen > 0, np.nansum(part, axis=1) / np.maximum(seen, 1), np.nan)
     return out
 
 
