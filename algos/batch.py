@@ -27,6 +27,7 @@ __all__ = [
     "answer_accuracy",
     "masked_head_matches",
     "masked_token_logprobs",
+    "scored_hidden",
     "micro_batches",
     "token_logprobs",
     "token_logprobs_and_entropy",
@@ -87,6 +88,65 @@ def trim_rows(batch: TensorDict, rows: Sequence[int], device: torch.device | str
     return TensorDict(out, batch_size=[len(rows)]).to(device)
 
 
+def scored_hidden(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, mask: Tensor, *, context_grad: bool = True
+) -> Tensor:
+    """The decoder's last hidden states at the positions `mask` scores, ``(M, H)`` in the order of its True entries.
+
+    With ``context_grad`` (the default) this is one plain causal pass. Without it, and with grad enabled, two
+    passes give the same values with a narrower gradient. The first, without gradient, runs the whole batch and
+    keeps every layer's keys and values. The second runs only the scored positions (the model's own turns), at
+    their own positions, attending to the first pass's keys and values of every other earlier token and to each
+    other's fresh ones. The gradient keeps every path through the scored tokens (their embeddings, layers and
+    attention to one another, across turns) and drops the paths through the context's keys and values (prompt,
+    observations): the loss then cannot change how the context is encoded, only how the model's turns read it.
+
+    In multi-turn contexts most tokens are context (a flat demonstration: ~85 scored of ~540), and a backward
+    pass costs about two forward passes, so this costs about one forward pass over the context plus a forward and
+    backward over the scored tokens (half the time of a full pass on SmolLM2-135M, CPU; `benchmarks/README.md`
+    also measures what it learns per step against the full gradient).
+
+    Args:
+        model: A Hugging Face causal LM with `get_decoder()` (taking ``past_key_values``, ``position_ids`` and a
+            4-D boolean attention mask, as Hugging Face decoders do).
+        input_ids: ``(n, L)`` right-padded ids.
+        attention_mask: ``(n, L)``.
+        mask: ``(n, L-1)`` bool, shifted (column t scores token t+1).
+        context_grad: Whether the gradient also flows through the context's keys and values.
+
+    Returns:
+        ``(M, H)`` with M = ``mask.sum()``.
+    """
+    decoder = model.get_decoder()
+    if context_grad or not torch.is_grad_enabled() or not bool(mask.any()):
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return hidden[:, :-1][mask]
+    from transformers import DynamicCache
+
+    length, device = input_ids.shape[1], input_ids.device
+    cache = DynamicCache()
+    with torch.no_grad():  # pass 1: every token's keys and values, as one plain causal pass computes them
+        decoder(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+    scored = F.pad(mask, (0, 1))  # (n, L): position t is scored when column t of the shifted mask is
+    counts = scored.sum(-1)  # (n,)
+    width = int(counts.max())
+    valid = torch.arange(width, device=device)[None, :] < counts[:, None]  # (n, Q): scored positions, then padding
+    order = torch.sort(scored.to(torch.int8), dim=-1, descending=True, stable=True).indices[:, :width]  # (n, Q)
+    positions = torch.where(valid, order, 0)  # (n, Q): each scored token's own position, in order
+    ids = torch.where(valid, input_ids.gather(1, positions), input_ids[:, :1])  # (n, Q)
+    # what each scored token attends to: earlier unscored real tokens from pass 1 (the scored tokens' pass-1 copies
+    # are masked out, so every token is seen once) and scored tokens at or before it from pass 2
+    earlier = torch.arange(length, device=device)[None, None, :] < positions[:, :, None]  # (n, Q, L)
+    old = earlier & (attention_mask.bool() & ~scored)[:, None, :]  # (n, Q, L)
+    new = (positions[:, None, :] <= positions[:, :, None]) & valid[:, None, :]  # (n, Q, Q)
+    new = new | (~valid[:, :, None] & torch.eye(width, dtype=torch.bool, device=device))  # padding: itself (no NaN)
+    allowed = torch.cat([old, new], dim=-1)[:, None]  # (n, 1, Q, L+Q)
+    hidden = decoder(
+        input_ids=ids, attention_mask=allowed, position_ids=positions, past_key_values=cache, use_cache=True
+    ).last_hidden_state  # (n, Q, H)
+    return hidden[valid]
+
+
 def masked_token_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -95,6 +155,7 @@ def masked_token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    context_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` computed only where `mask` is set: the LM head runs on those positions only.
 
@@ -109,12 +170,12 @@ def masked_token_logprobs(
         mask: ``(n, L-1)`` bool, shifted (column t scores token t+1).
         temperature: Divides the logits.
         with_entropy: Also return the (detached) predictive entropy at the masked positions.
+        context_grad: False: the same values, with gradient through the scored tokens only (`scored_hidden`).
 
     Returns:
         ``(logp, entropy)``: ``(n, L-1)`` float32, 0 off the mask; entropy likewise or None.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1][mask]  # (M, H): only the positions the loss sees
+    hidden = scored_hidden(model, input_ids, attention_mask, mask, context_grad=context_grad)  # (M, H)
     logits = model.get_output_embeddings()(hidden).float()  # (M, V)
     if temperature != 1.0:
         logits = logits / temperature

@@ -162,6 +162,10 @@ class Config:
     """Clip the global gradient norm to this value (0 disables)."""
     micro_batch_tokens: int = 16384
     """Padded tokens per forward/backward micro-batch; gradients accumulate over micro-batches."""
+    context_grad: bool = True
+    """Backpropagate through the context too (prompt, passages, observations). --no-context-grad: the loss's
+    gradient flows through the model's own tokens only (same log-probs, about half the forward/backward time on
+    multi-turn contexts, `algos.batch.scored_hidden`; the main job learned less with it, benchmarks/README.md)."""
     skip_zero_advantage: bool = True
     """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
     update_epochs: int = 1
@@ -253,6 +257,11 @@ class Config:
             raise ValueError(
                 f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
                 "each rank's turns alone and drift apart; run it as one process (python -m algos.archer)"
+            )
+        if self.fsdp and not self.context_grad and ranks > 1:
+            raise ValueError(
+                "--fsdp with --no-context-grad: not supported (its two passes through the sharded decoder are not "
+                "tested under FSDP2); add --context-grad"
             )
         if self.fsdp and self.lora:
             raise ValueError(

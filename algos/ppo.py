@@ -175,6 +175,7 @@ class PPOTrainer(Trainer):
             part["attention_mask"],
             part["loss_mask"],
             temperature=self.config.temperature,
+            context_grad=self.config.context_grad,
         )
 
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:

@@ -207,6 +207,8 @@ class TrainingRun:
         self.init_learner()
         self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
         """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
+        if not config.context_grad and not self.masked_head:
+            logger.warning("--no-context-grad needs a model whose logits are its LM head's projection; full gradient")
         # --fsdp: shard the policy in place before the optimizer sees its parameters (they become DTensor shards)
         self.fsdp = config.fsdp and distributed.wrap_fsdp(self.policy, self.device)
         """Whether the policy is sharded over the ranks (FSDP2); else replicated (DDP) or one process."""

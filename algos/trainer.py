@@ -357,7 +357,15 @@ class Trainer(TrainingRun):
         ids, attn, mask = part["input_ids"], part["attention_mask"], part["loss_mask"]
         if self.masked_head:  # --fsdp: the decoder and the LM head, called apart, run inside the root's forward hooks
             return distributed.as_forward(
-                model, masked_token_logprobs, model, ids, attn, mask, temperature=temperature, with_entropy=with_entropy
+                model,
+                masked_token_logprobs,
+                model,
+                ids,
+                attn,
+                mask,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                context_grad=self.config.context_grad,
             )
         if with_entropy:
             return token_logprobs_and_entropy(model, ids, attn, micro_batch_size=len(ids), temperature=temperature)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from algos.batch import scored_hidden
 from algos.losses import masked_mean
 
 __all__ = [
@@ -68,6 +69,7 @@ def logprobs_and_values(
     mask: Tensor,
     *,
     temperature: float = 1.0,
+    context_grad: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the sampled tokens and their states' values, from one pass through the decoder.
 
@@ -80,12 +82,13 @@ def logprobs_and_values(
         attention_mask: ``(n, L)``.
         mask: ``(n, L-1)`` bool, shifted (column t scores token t+1).
         temperature: Divides the logits.
+        context_grad: False: the same values, with gradient through the sampled tokens only
+            (`algos.batch.scored_hidden`).
 
     Returns:
         ``(logp, values)``, both ``(n, L-1)`` float32 and 0 off the mask.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1][mask]  # (M, H)
+    hidden = scored_hidden(model, input_ids, attention_mask, mask, context_grad=context_grad)  # (M, H)
     logits = model.get_output_embeddings()(hidden).float()  # (M, V)
     if temperature != 1.0:
         logits = logits / temperature

@@ -17,7 +17,12 @@ checks against the targets:
   `benchmarks.roofline.train_flops`) >= 0.5 of this machine's fp32 matmul peak, measured in the same run
   (`benchmarks.roofline.matmul_peak`), for both groupings.
 
-The forward/backward passes (bare; trainer; trainer with the earlier grouping) are timed alternately
+The targets are about full-gradient passes (``--context-grad``). Beside them, on the same batch, the trainer's
+forward/backward with the gradient through the model's own tokens only (``--no-context-grad``,
+`algos.batch.scored_hidden`: same log-probs, narrower gradient) and its speed-up over the full gradient.
+
+The forward/backward passes (bare; trainer; trainer with the earlier grouping; trainer without the context's
+gradient) are timed alternately
 (``--repeats`` times each, after the measured step) and the best of each is compared, so a busy shared
 machine skews no side.
 
@@ -189,13 +194,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
         # alternate bare and trainer passes (and the trainer with the earlier grouping) on the same batch;
         # best of each (the machine may be shared)
-        trainer_seconds, bare_seconds, earlier_seconds = [metrics["time/forward_backward"]], [], []
+        # the targets compare full-gradient passes; the gradient through the model's own tokens only
+        # (--no-context-grad) is timed beside them on the same batch
+        full, narrow = dataclasses.replace(config, context_grad=True), dataclasses.replace(config, context_grad=False)
+        trainer_seconds, bare_seconds, earlier_seconds, narrow_seconds = [], [], [], []
+        (trainer_seconds if config.context_grad else narrow_seconds).append(metrics["time/forward_backward"])
         for _ in range(own.repeats):
             seconds, bare_tokens = bare_forward_backward(trainer, batches)
             bare_seconds.append(seconds)
+            trainer.config = full
             trainer_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
             with earlier_grouping():
                 earlier_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+            trainer.config = narrow
+            narrow_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+        trainer.config = config
         bare_seconds = min(bare_seconds)
         flops = useful_flops(trainer, batch, sft)
     finally:
@@ -204,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     step = metrics["time/step"]
     trainer_tps = metrics["tokens/trained"] / min(trainer_seconds)
+    narrow_speedup = min(trainer_seconds) / min(narrow_seconds)
     bare_tps = bare_tokens / bare_seconds
     env_share = metrics["time/env_and_retrieval"] / step
     ratio = trainer_tps / bare_tps
@@ -238,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "env_share": env_share,
         "fwd_bwd_ratio": ratio,
         "earlier_grouping_fwd_bwd_seconds": earlier_seconds,
+        "no_context_grad_fwd_bwd_seconds": narrow_seconds,
+        "no_context_grad_speedup": narrow_speedup,
         "padding_share": padding,
         "rl_lengths": rl_lengths,
         "matmul_peak_flops": peak,
@@ -262,6 +278,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(
         f"bare fwd/bwd tokens/s, same batch, best of {own.repeats}: {bare_tps:.0f} "
         f"({bare_tokens} tokens in {bare_seconds:.2f} s)"
+    )
+    print(
+        f"trainer fwd/bwd with gradient through the model's own tokens only (--no-context-grad), best of "
+        f"{len(narrow_seconds)}: {min(narrow_seconds):.2f} s = {narrow_speedup:.2f}x the full gradient's speed, "
+        f"same batch, same log-probs"
     )
     verdict = lambda ok: "ok" if ok else "MISSED"
     print(

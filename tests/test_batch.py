@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import ROLES, Generation, Trajectory
-from algos.batch import answer_accuracy, token_logprobs, token_logprobs_and_entropy
+from algos.batch import answer_accuracy, masked_token_logprobs, token_logprobs, token_logprobs_and_entropy
 from algos.losses import group_advantages, masked_mean, policy_loss
 
 
@@ -179,3 +179,73 @@ def test_rl_batch_scored_by_its_sampler_has_ratio_one(tiny_lm):
     expected = -masked_mean(batch["adv"][:, None].expand_as(logp), batch["loss_mask"])
     assert out["loss_pg"].item() == pytest.approx(expected.item(), abs=1e-5)
     tiny_lm.zero_grad()
+
+
+def _multi_turn_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three right-padded rows, each with context (prompt, observations) and two or one scored turns."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, vocab, (3, 40), generator=gen)
+    attn = torch.ones(3, 40, dtype=torch.long)
+    attn[1, 30:] = 0
+    attn[2, 22:] = 0
+    mask = torch.zeros(3, 39, dtype=torch.bool)  # shifted: column t scores token t + 1
+    mask[0, 10:15] = mask[0, 25:33] = True
+    mask[1, 5:9] = mask[1, 20:28] = True
+    mask[2, 18:20] = True
+    return ids, attn, mask
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def test_scored_hidden_without_context_grad_gives_the_same_logprobs(tiny_lm):
+    ids, attn, mask = _multi_turn_batch(tiny_lm.config.vocab_size)
+    full, h_full = masked_token_logprobs(tiny_lm, ids, attn, mask, with_entropy=True)
+    two_pass, h_two = masked_token_logprobs(tiny_lm, ids, attn, mask, with_entropy=True, context_grad=False)
+    assert torch.allclose(two_pass, full, atol=1e-5) and torch.allclose(h_two, h_full, atol=1e-5)
+    assert (two_pass[~mask] == 0).all() and (two_pass[mask] < 0).all()
+    with torch.no_grad():  # without grad there is nothing to narrow: the one plain pass
+        assert torch.allclose(masked_token_logprobs(tiny_lm, ids, attn, mask, context_grad=False)[0], full, atol=1e-6)
+
+
+def test_scored_hidden_gradient_is_the_full_one_with_the_context_keys_and_values_detached(tiny_lm):
+    ids, attn, mask = _multi_turn_batch(tiny_lm.config.vocab_size)
+    scored = torch.nn.functional.pad(mask, (0, 1))  # (n, L): positions whose outputs the loss reads
+
+    def detach_context(_module, _inputs, out):  # k_proj / v_proj outputs (n, L, d): context rows detached
+        return torch.where(scored[..., None], out, out.detach())
+
+    tiny_lm.zero_grad()
+    masked_token_logprobs(tiny_lm, ids, attn, mask, context_grad=False)[0].sum().backward()
+    two_pass = _grads(tiny_lm)
+    hooks = [
+        proj.register_forward_hook(detach_context)
+        for layer in tiny_lm.model.layers
+        for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj)
+    ]
+    try:
+        tiny_lm.zero_grad()
+        masked_token_logprobs(tiny_lm, ids, attn, mask)[0].sum().backward()
+        reference = _grads(tiny_lm)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    tiny_lm.zero_grad()
+    masked_token_logprobs(tiny_lm, ids, attn, mask)[0].sum().backward()
+    full = _grads(tiny_lm)
+    tiny_lm.zero_grad()
+    assert torch.allclose(two_pass, reference, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(two_pass, full, atol=1e-4)  # the context's paths are really gone
+
+
+def test_scored_hidden_gradient_is_the_full_one_when_every_token_is_scored(tiny_lm):
+    ids, attn, _ = _multi_turn_batch(tiny_lm.config.vocab_size)
+    mask = (attn[:, 1:] * attn[:, :-1]).bool()  # every real position scores its next token
+    grads = []
+    for context_grad in (True, False):
+        tiny_lm.zero_grad()
+        masked_token_logprobs(tiny_lm, ids, attn, mask, context_grad=context_grad)[0].sum().backward()
+        grads.append(_grads(tiny_lm))
+    tiny_lm.zero_grad()
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)

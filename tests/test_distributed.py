@@ -152,6 +152,13 @@ def test_fsdp_refuses_lora():
         preset_config("tiny", algo="grpo", fsdp=True, lora=True)
 
 
+def test_fsdp_refuses_no_context_grad(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--fsdp with --no-context-grad"):
+        preset_config("tiny", algo="grpo", fsdp=True, context_grad=False)
+    assert not preset_config("tiny", algo="grpo", context_grad=False).context_grad  # DDP takes it
+
+
 def test_global_whitening_equals_whitening_the_whole_batch():
     """PPO's whitening with `all_sum`: two shares whitened with their summed statistics are the whole batch whitened
     at once (what two ranks do), and one share with the identity sum is the plain whitening."""

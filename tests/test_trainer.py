@@ -51,6 +51,22 @@ def test_parameters_change_after_one_step(tmp_path):
         assert np.isfinite(metrics[key]), key
 
 
+def test_no_context_grad_keeps_the_losses_and_changes_the_update(tmp_path):
+    """--no-context-grad through the trainer: the same step-1 losses (same log-probs, same data), other weights."""
+    runs = {}
+    for context_grad in (True, False):
+        trainer = _trainer(tmp_path, f"cg-{context_grad}", algo="grpo_sft", steps=1, context_grad=context_grad)
+        try:
+            metrics = trainer.train_step()
+            runs[context_grad] = (metrics, _params(trainer))
+        finally:
+            trainer.close()
+    (full, full_weights), (narrow, narrow_weights) = runs[True], runs[False]
+    for key in ("loss_sft", "sft/entropy", "loss_pg", "critic/rewards/mean"):
+        assert narrow[key] == pytest.approx(full[key], abs=1e-5), key
+    assert any(not torch.allclose(full_weights[k], narrow_weights[k], atol=1e-7) for k in full_weights)
+
+
 def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
     """Garbage off the loss mask changes nothing; skipping zero-advantage contexts changes nothing either."""
     trainer = _trainer(tmp_path, "pg", algo="grpo")
