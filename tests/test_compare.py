@@ -66,6 +66,7 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     assert {t["other"] for t in report["paired"]} == {"grpo", "start model"}
     red_rows = [json.loads(x) for x in (out / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(red_rows) == 2 and "red/final_weight" in red_rows[-1]
+    assert [c.name for c in (out / "runs" / "red_grpo-seed0" / "checkpoints").glob("step_*")] == ["step_000002"]
 
     # a second invocation redoes nothing: finished trainings and evaluations are kept
     summary = out / "runs" / "grpo-seed1" / "summary.json"
