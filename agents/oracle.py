@@ -11,7 +11,8 @@ reproduce on questions it has never seen:
 - it answers as soon as the answer can be read from what the env showed (the passages as cut by the env's
   ``max_passage_words``), quoting that evidence first: ``<refine>`` holds the one sentence (at most
   ``quote_words`` words around the answer) the answer is read from, then ``<answer>`` the gold answer;
-  yes/no answers quote the opening words of each gold passage seen and conclude.
+  yes/no answers quote the opening words of each gold passage seen and conclude. With ``quote_words=0`` it
+  answers without a quote (the evidence still decides when it answers and whether the episode is grounded).
 
 The number of searches therefore varies (one when the first results already hold the answer). An episode
 is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
@@ -107,12 +108,14 @@ class OracleAgent(ContextAgent):
         seed: seeds the oracle's random choices (none are random today; kept for the record format).
         max_searches: searches per episode (flat) or per task (coda) before the oracle answers anyway.
         max_tasks: coda: tasks the planner delegates at most.
-        quote_words: longest evidence quote, in words.
+        quote_words: longest evidence quote, in words; 0 answers without a ``<refine>`` quote.
     """
 
     def __init__(
         self, tokenizer: Any, seed: int = 0, max_searches: int = 2, max_tasks: int = 2, quote_words: int = 12
     ) -> None:
+        if quote_words < 0:
+            raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)
         self.max_searches = max_searches
@@ -176,7 +179,7 @@ class OracleAgent(ContextAgent):
         evidence = " ".join(plan.results)
         if plan.results and _contains(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
             plan.grounded = _contains(evidence, example.answer) or normalize_answer(example.answer) in _YES_NO
-            return f"<refine>{evidence}</refine>\n<answer>{example.answer}</answer>"
+            return self._written_answer(evidence, example.answer)
         if not plan.tasks:
             task = example.question
         else:
@@ -208,6 +211,11 @@ class OracleAgent(ContextAgent):
     def _answer(self, plan: _Plan, answer: str, quote: str | None) -> str:
         plan.grounded = quote is not None
         evidence = quote or " ".join(plan.shown.values())[: 40 * 8] or "I found nothing."
+        return self._written_answer(evidence, answer)
+
+    def _written_answer(self, evidence: str, answer: str) -> str:
+        if self.quote_words == 0:
+            return f"<answer>{answer}</answer>"
         return f"<refine>{evidence}</refine>\n<answer>{answer}</answer>"
 
     def _evidence(self, plan: _Plan, example: QAExample) -> str | None:
@@ -276,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--quote-words", type=int, default=12, help="words of the evidence quote (0: no quote)")
     args = parser.parse_args(argv)
 
     tokenizer = smollm2_tokenizer()
@@ -289,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     envs_ = [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(args.batch)]
     n = min(args.limit or envs_[0].unwrapped.num_examples, envs_[0].unwrapped.num_examples)
-    agent = OracleAgent(tokenizer, seed=args.seed)
+    agent = OracleAgent(tokenizer, seed=args.seed, quote_words=args.quote_words)
     f1s = []
     with open(args.out, "w", encoding="utf-8") as out, tqdm(total=n, desc="oracle", unit="q") as bar:
         for lo in range(0, n, args.batch):

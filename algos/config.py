@@ -10,7 +10,8 @@ Presets name whole sets of defaults; flags given after them override single fiel
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step at lr 1e-4; while every rollout group ties, a 1-question probe batch instead of 2 questions), then
+  step at lr 1e-4, answering without an evidence quote; while every rollout group ties, a 1-question probe
+  batch instead of 2 questions), then
   the before/after evaluation on 100 dev questions; about 35 minutes from start to summary on an idle
   machine (see benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
@@ -194,6 +195,8 @@ class Config:
     """JSON lines of demonstrations (from `python -m agents.oracle` or this trainer's cache); None builds them."""
     sft_num_demos: int | None = None
     """Oracle episodes to generate when building demonstrations; None means every question of the split."""
+    quote_words: int = 12
+    """Words of evidence the demonstrations quote in <refine> before answering; 0: they answer without a quote."""
     red_max_factor: float = 5.0
     """RED's G: bound of each factor; the weight lies in [1, G^2]."""
     red_decay: float = 0.99
@@ -376,6 +379,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "max_context_tokens": 2048,
         "sft_batch_size": 8,
         "sft_num_demos": None,
+        "quote_words": 0,
         "lr": 1e-4,
         "micro_batch_tokens": 4096,
         "torch_threads": None,
@@ -527,6 +531,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("tie_probe_questions", at_least(1), ">= 1"),
     ("max_train_minutes", positive, "> 0"),
     ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
+    ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
     ("eval_batch_size", at_least(1), ">= 1"),
     ("group_size", at_least(1), ">= 1"),
     ("max_new_tokens", at_least(1), ">= 1"),

@@ -54,6 +54,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         **config.env_kwargs,
         "num_demos": config.sft_num_demos,
         "oracle": ORACLE_VERSION,
+        **({"quote_words": config.quote_words} if config.quote_words != Config.quote_words else {}),  # default: old key
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -83,7 +84,9 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
     env_fns = [gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
     num_examples = env_fns[0].unwrapped.num_examples
     n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
-    agent = OracleAgent(tokenizer, seed=config.seed, max_searches=config.max_search_turns)
+    agent = OracleAgent(
+        tokenizer, seed=config.seed, max_searches=config.max_search_turns, quote_words=config.quote_words
+    )
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:
         for lo in range(0, n, batch_size):

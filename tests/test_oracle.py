@@ -196,3 +196,18 @@ def test_quotes_centre_on_the_answer_not_on_a_name_that_starts_like_it():
     long_answer = "Sipkevics, Andris Sejans (both countertenors), Juris Lisenko (tenor), Janis Ozols"
     assert long_answer in _quote(text, long_answer, 5)  # an answer longer than the cut is kept whole
     assert _quote(text, "Vilnius", 12) is None
+
+
+def test_without_quotes_the_oracle_acts_the_same_and_answers_directly(episodes, bm25, tokenizer):
+    protocol, _, quoting = episodes
+    env_list = [gym.make(ENV_IDS[protocol], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+    plain = OracleAgent(tokenizer, seed=0, quote_words=0).rollout(env_list, ROWS, seed=0)
+    for quoted, bare in zip(quoting, plain, strict=True):
+        assert bare.info["f1"] == 1.0 and bare.info["oracle_grounded"] == quoted.info["oracle_grounded"]
+        assert not any("<refine>" in action for action in bare.actions)
+        assert [a for a in bare.actions if "<answer>" not in a] == [a for a in quoted.actions if "<answer>" not in a]
+        assert re.findall(r"<answer>.*?</answer>", bare.actions[-1]) == re.findall(
+            r"<answer>.*?</answer>", quoted.actions[-1]
+        )
+    with pytest.raises(ValueError, match="quote_words"):
+        OracleAgent(tokenizer, quote_words=-1)

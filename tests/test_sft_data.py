@@ -51,3 +51,15 @@ def test_bad_lines_name_the_file_the_line_and_the_fault(tmp_path, tokenizer, lin
     path = _write(tmp_path, GOOD, "", line)
     with pytest.raises(DataError, match=f"^{re.escape(str(path))}: line 3: .*{re.escape(fault)}"):
         read_demonstrations(path, tokenizer)
+
+
+def test_demonstrations_without_quotes_have_their_own_cache(tokenizer):
+    from algos.config import preset_config
+    from algos.sft_data import demonstrations_cache_path
+
+    quoting = preset_config("cpu", quote_words=12)
+    assert preset_config("cpu").quote_words == 0 and preset_config("gpu").quote_words == 12
+    path = demonstrations_cache_path(quoting, tokenizer)
+    assert demonstrations_cache_path(preset_config("cpu"), tokenizer) != path
+    with pytest.raises(ValueError, match="--quote-words must be >= 0"):
+        preset_config("cpu", quote_words=-1)
