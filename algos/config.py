@@ -11,9 +11,8 @@ Presets name whole sets of defaults; flags given after them override single fiel
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
   step at lr 1e-4, answering without an evidence quote; while every rollout group ties, a 1-question probe
-  batch instead of 2 questions), then
-  the before/after evaluation on 100 dev questions; about 35 minutes from start to summary on an idle
-  machine (see benchmarks/README.md).
+  batch instead of 2 questions), then the before/after evaluation on 100 dev questions; about 35 minutes
+  from start to summary on an idle machine (see benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
 
 With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
