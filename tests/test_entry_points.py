@@ -96,6 +96,18 @@ def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err
 
 
+def test_the_warm_start_keeps_a_presets_own_step_size():
+    """algos.sft's larger lr and batch replace the seed's RL defaults, never the values a preset chose."""
+    from algos.config import parse_config
+
+    gpu = parse_config(["--preset", "gpu"], algo="sft", lr=5e-5, sft_batch_size=4)
+    cpu = parse_config(["--preset", "cpu"], algo="sft", lr=5e-5, sft_batch_size=4)
+    flags = parse_config(["--preset", "cpu", "--lr", "3e-5"], algo="sft", lr=5e-5, sft_batch_size=4)
+    assert (gpu.lr, gpu.sft_batch_size) == (5e-5, 4)
+    assert (cpu.lr, cpu.sft_batch_size) == (1e-4, 8)
+    assert (flags.lr, flags.sft_batch_size) == (3e-5, 8)
+
+
 def test_group_size_one_is_fine_without_groups():
     """PPO and ArCHer use a value baseline, not group statistics: one episode per question is their default."""
     from algos.config import preset_config
