@@ -458,9 +458,7 @@ def parse_config(
         algo: The entry point's algorithm (its default for ``--algo``).
         description: Text shown at the top of ``--help``.
         config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
-        **defaults: Entry-point defaults (``algos.sft``'s larger lr and batch): they replace the dataclass
-            defaults, not a value the preset sets itself (the cpu preset's lr and batch were chosen for its
-            machine), and flags override both.
+        **defaults: Entry-point defaults applied on top of the preset (flags still override them).
 
     Returns:
         The parsed, frozen `Config`.
@@ -476,9 +474,7 @@ def parse_config(
     args = list(sys.argv[1:] if argv is None else argv)
     token = _VALIDATE.set(False)
     try:
-        preset = argv_preset(args)
-        defaults = {key: value for key, value in defaults.items() if key not in PRESETS[preset]}
-        base = preset_config(preset, config_cls, algo=algo, **defaults)  # checked with the flags, below
+        base = preset_config(argv_preset(args), config_cls, algo=algo, **defaults)  # checked with the flags, below
         config = tyro.cli(config_cls, default=base, args=args, description=description)
     finally:
         _VALIDATE.reset(token)

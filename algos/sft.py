@@ -15,14 +15,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from algos.config import PRESETS, argv_preset
 from algos.trainer import main as train
+
+__all__ = ["SFT_DEFAULTS", "main", "sft_defaults"]
+
+SFT_DEFAULTS: dict[str, object] = {"lr": 5e-5, "sft_batch_size": 4, "sft_coef": 1.0}
+"""A warm start's step size and batch, larger than the seed's RL fine-tuning (lr 1e-6); a preset that sets its own
+(cpu: lr 1e-4 and 8 demonstrations, what its SFT term trains with) keeps them."""
+
+
+def sft_defaults(argv: Sequence[str]) -> dict[str, object]:
+    """The entry point's defaults for a command line: `SFT_DEFAULTS` less what its preset sets itself."""
+    preset = PRESETS[argv_preset(argv)]
+    return {key: value for key, value in SFT_DEFAULTS.items() if key not in preset}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the SFT warm start; returns the run summary."""
-    # a warm start wants a larger step size and batch than the seed's RL fine-tuning (lr 1e-6); a preset that
-    # sets its own (cpu: lr 1e-4, 8 demonstrations, the values its SFT term trains with) keeps them
-    return train(argv, algo="sft", description=__doc__, lr=5e-5, sft_batch_size=4, sft_coef=1.0)
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return train(args, algo="sft", description=__doc__, **sft_defaults(args))
 
 
 if __name__ == "__main__":

@@ -99,12 +99,14 @@ def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
 def test_the_warm_start_keeps_a_presets_own_step_size():
     """algos.sft's larger lr and batch replace the seed's RL defaults, never the values a preset chose."""
     from algos.config import parse_config
+    from algos.sft import sft_defaults
 
-    gpu = parse_config(["--preset", "gpu"], algo="sft", lr=5e-5, sft_batch_size=4)
-    cpu = parse_config(["--preset", "cpu"], algo="sft", lr=5e-5, sft_batch_size=4)
-    flags = parse_config(["--preset", "cpu", "--lr", "3e-5"], algo="sft", lr=5e-5, sft_batch_size=4)
-    assert (gpu.lr, gpu.sft_batch_size) == (5e-5, 4)
-    assert (cpu.lr, cpu.sft_batch_size) == (1e-4, 8)
+    def parse(*args: str):
+        return parse_config(list(args), algo="sft", **sft_defaults(args))
+
+    gpu, cpu, flags = parse("--preset", "gpu"), parse("--preset", "cpu"), parse("--preset", "cpu", "--lr", "3e-5")
+    assert (gpu.lr, gpu.sft_batch_size, gpu.sft_coef) == (5e-5, 4, 1.0)
+    assert (cpu.lr, cpu.sft_batch_size, cpu.sft_coef) == (1e-4, 8, 1.0)
     assert (flags.lr, flags.sft_batch_size) == (3e-5, 8)
 
 
