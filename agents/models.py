@@ -303,3 +303,18 @@ def tiny_model(
         model = LlamaForCausalLM(config)
     fix_pad_token(model, tokenizer)
     return model.eval(), tokenizer
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The keyword a Hugging Face decoder's forward takes its KV cache by in the installed transformers.
+
+    transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in a later release);
+    earlier versions know only ``past_key_values``. The rename is library-wide, so one architecture's signature
+    answers for all (checked on Llama, SmolLM2's; the class, because wrapped models hide the signature).
+    """
+    import inspect
+
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from agents.models import cache_argument
 from agents.records import Trajectory
 
 __all__ = [
@@ -107,7 +108,7 @@ def scored_hidden(
     also measures what it learns per step against the full gradient).
 
     Args:
-        model: A Hugging Face causal LM with `get_decoder()` (taking ``past_key_values``, ``position_ids`` and a
+        model: A Hugging Face causal LM with `get_decoder()` (taking a KV cache, ``position_ids`` and a
             4-D boolean attention mask, as Hugging Face decoders do).
         input_ids: ``(n, L)`` right-padded ids.
         attention_mask: ``(n, L)``.
@@ -126,7 +127,7 @@ def scored_hidden(
     length, device = input_ids.shape[1], input_ids.device
     cache = DynamicCache()
     with torch.no_grad():  # pass 1: every token's keys and values, as one plain causal pass computes them
-        decoder(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **{cache_argument(): cache})
     scored = F.pad(mask, (0, 1))  # (n, L): position t is scored when column t of the shifted mask is
     counts = scored.sum(-1)  # (n,)
     width = int(counts.max())
@@ -142,7 +143,7 @@ def scored_hidden(
     new = new | (~valid[:, :, None] & torch.eye(width, dtype=torch.bool, device=device))  # padding: itself (no NaN)
     allowed = torch.cat([old, new], dim=-1)[:, None]  # (n, 1, Q, L+Q)
     hidden = decoder(
-        input_ids=ids, attention_mask=allowed, position_ids=positions, past_key_values=cache, use_cache=True
+        input_ids=ids, attention_mask=allowed, position_ids=positions, use_cache=True, **{cache_argument(): cache}
     ).last_hidden_state  # (n, Q, H)
     return hidden[valid]
 

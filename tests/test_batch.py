@@ -199,6 +199,7 @@ def _grads(model) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
+@pytest.mark.filterwarnings("error:.*past_key_values.*:FutureWarning")  # the cache goes by its current name
 def test_scored_hidden_without_context_grad_gives_the_same_logprobs(tiny_lm):
     ids, attn, mask = _multi_turn_batch(tiny_lm.config.vocab_size)
     full, h_full = masked_token_logprobs(tiny_lm, ids, attn, mask, with_entropy=True)

@@ -61,6 +61,7 @@ def play_turns(model, tokenizer, prompts, turns: int, params: SamplingParams, **
     return cached, full, contexts
 
 
+@pytest.mark.filterwarnings("error:.*past_key_values.*:FutureWarning")  # the cache goes by its current name
 @pytest.mark.parametrize(
     "params",
     [

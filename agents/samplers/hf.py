@@ -47,6 +47,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
@@ -362,7 +363,7 @@ class HFSampler(TokenizerContext):
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
+            **{cache_argument(): cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -397,7 +398,7 @@ class HFSampler(TokenizerContext):
                 input_ids=token[:, None],
                 attention_mask=attention,
                 position_ids=next_position[:, None],
-                past_key_values=cache,
+                **{cache_argument(): cache},
                 use_cache=True,
             )
             next_position = next_position + 1
