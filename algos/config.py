@@ -10,9 +10,10 @@ Presets name whole sets of defaults; flags given after them override single fiel
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step at lr 1e-4, answering without an evidence quote; while every rollout group ties, a 1-question probe
-  batch instead of 2 questions), then the before/after evaluation on 100 dev questions; about 35 minutes
-  from start to summary on an idle machine (see benchmarks/README.md).
+  step at lr 1e-4, answering without an evidence quote, the gradient through the model's own tokens only;
+  while every rollout group ties, a 1-question probe batch instead of 2 questions), then the before/after
+  evaluation on 100 dev questions; about 31 minutes from start to summary on an idle machine (see
+  benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
 
 With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
@@ -163,9 +164,10 @@ class Config:
     micro_batch_tokens: int = 16384
     """Padded tokens per forward/backward micro-batch; gradients accumulate over micro-batches."""
     context_grad: bool = True
-    """Backpropagate through the context too (prompt, passages, observations). --no-context-grad: the loss's
-    gradient flows through the model's own tokens only (same log-probs, about half the forward/backward time on
-    multi-turn contexts, `algos.batch.scored_hidden`; the main job learned less with it, benchmarks/README.md)."""
+    """Backpropagate through the context too (prompt, passages, observations). --no-context-grad (the cpu preset's
+    value): the loss's gradient flows through the model's own tokens only (same log-probs, about half the
+    forward/backward time on multi-turn contexts, `algos.batch.scored_hidden`; with the cpu preset's answer-only
+    demonstrations the main job takes 2.4x the steps in its budget and learns more, benchmarks/README.md)."""
     skip_zero_advantage: bool = True
     """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
     update_epochs: int = 1
@@ -381,6 +383,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "quote_words": 0,
         "lr": 1e-4,
         "micro_batch_tokens": 4096,
+        "context_grad": False,
         "torch_threads": None,
         "save_every": 5,
         "eval_questions": 100,

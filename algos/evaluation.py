@@ -109,9 +109,10 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
 def _starting_model_cache(config: Any) -> Path:
     from retrievers.corpus import cache_root
 
-    key = {"model": config.model or "smollm2-135m", "seed": config.seed, **held_out_settings(config)}
+    # greedy scores of fixed weights: the training seed matters only where it makes the weights (the tiny model)
+    key = {"model": config.model or "smollm2-135m", **held_out_settings(config)}
     if config.model == "tiny":
-        key["max_context"] = config.max_context_tokens  # the tiny model's weights depend on it
+        key.update(seed=config.seed, max_context=config.max_context_tokens)  # the tiny model's weights depend on both
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "eval" / f"start-{digest}.json"
 

@@ -65,10 +65,10 @@ class Budget:
 
 
 BUDGETS = {
-    # The main job's budget as a step count: 24 steps of the cpu preset is what `python -m algos.red_grpo`
-    # reaches in its 25 training minutes on the idle 2-core machine. Steps, not minutes, so that runs side by
-    # side (or beside other work) train on exactly what an idle run would; all 200 dev questions.
-    "cpu": Budget("cpu", steps=24, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None")),
+    # The main job's budget as a step count: 68 steps of the cpu preset is what `python -m algos.red_grpo`
+    # reaches in its 25 training minutes on the idle 2-core machine (seeds 0 and 1). Steps, not minutes, so that
+    # runs side by side (or beside other work) train on exactly what an idle run would; all 200 dev questions.
+    "cpu": Budget("cpu", steps=68, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None")),
     # A quick look (minutes): 3 steps per run, 10 held-out dev questions.
     "cpu-quick": Budget("cpu", steps=3, eval_limit=10, eval_batch=10),
     # The seed's configuration (32 prompts per step, group size 2, 480 steps) on the 200 dev questions.

@@ -85,6 +85,18 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
     assert json.loads(cached[0].read_text())["metrics"] == evaluation["before"]["metrics"]
 
 
+def test_the_starting_models_cached_scores_serve_every_seed_of_a_fixed_model(tmp_path, monkeypatch):
+    """Greedy scores of fixed weights do not depend on the training seed; the tiny model's weights do."""
+    from algos.evaluation import _starting_model_cache
+
+    monkeypatch.setenv("REDCODA_CACHE", str(tmp_path / "cache"))
+    path = lambda preset, **kw: _starting_model_cache(preset_config(preset, **kw))  # noqa: E731
+    assert path("cpu", seed=0) == path("cpu", seed=1)
+    assert path("cpu", seed=0) != path("cpu", seed=0, protocol="coda")
+    assert path("cpu", seed=0) != path("cpu", seed=0, top_k=5)
+    assert path("tiny", seed=0) != path("tiny", seed=1)
+
+
 def test_training_time_budget_stops_the_run_between_steps(tmp_path):
     config = preset_config("tiny", algo="grpo", run_dir=str(tmp_path / "run"), steps=5, max_train_minutes=1e-9)
     trainer = Trainer(config)
