@@ -1,6 +1,7 @@
 """Generation throughput of a batched multi-turn CoDA rollout against plain batched sampling, same model.
 
     python -m benchmarks.rollout [--model smollm2-135m] [--batch 16] [--max-new-tokens 64] [--turns 3] [--seed 0]
+                                 [--narrow-rows N]
 
 All sides sample from `HFSampler`s over one model with the same `SamplingParams` (temperature 1, the
 tool-call stop strings, `max_new_tokens`); all count only sampled tokens (`Completion.token_ids`, i.e. the
@@ -84,8 +85,11 @@ def run(
     turns: int = 3,
     seed: int = 0,
     repeats: int = 1,
+    narrow_rows: int | None = None,
 ) -> dict[str, Any]:
-    """Measure every side; return tokens, seconds and tokens/s of each, and the ratios to the rollout."""
+    """Measure every side; return tokens, seconds and tokens/s of each, and the ratios to the rollout.
+
+    `narrow_rows` goes to every side's `HFSampler` (None: its default; 0: every linear layer `F.linear`)."""
     import gymnasium as gym
 
     import envs  # noqa: F401  (registers the ids)
@@ -94,8 +98,8 @@ def run(
     from agents.search_agents import STOP, CodaAgent
 
     lm, tokenizer = load_model(model)
-    sampler = CountingSampler(HFSampler(lm, tokenizer, seed=seed))
-    plain = CountingSampler(HFSampler(lm, tokenizer, seed=seed, cache_tokens=0))
+    sampler = CountingSampler(HFSampler(lm, tokenizer, seed=seed, narrow_rows=narrow_rows))
+    plain = CountingSampler(HFSampler(lm, tokenizer, seed=seed, cache_tokens=0, narrow_rows=narrow_rows))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop=STOP)
     env_list = [
         gym.make("RedCoda-HotpotQA-CoDA-v0", split="dev", max_planner_turns=turns, max_executor_turns=turns)
@@ -182,6 +186,7 @@ def run(
         "max_new_tokens": max_new_tokens,
         "turns": turns,
         "model": model or "smollm2-135m",
+        "narrow_rows": sampler.inner.narrow_rows,
     }
 
 
@@ -194,15 +199,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1, help="measure each side this many times, keep the best")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--narrow-rows", type=int, default=None, help="HFSampler's narrow_rows (default: its own; 0: F.linear only)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = run(args.model, args.batch, args.max_new_tokens, args.turns, args.seed, args.repeats)
+    result = run(args.model, args.batch, args.max_new_tokens, args.turns, args.seed, args.repeats, args.narrow_rows)
+    narrow = "default" if args.narrow_rows is None else args.narrow_rows
     print(
         f"model {result['model']} | batch {args.batch} | max_new_tokens {args.max_new_tokens} | turns {args.turns} "
-        f"| seed {args.seed} | temperature 1.0"
+        f"| seed {args.seed} | temperature 1.0 | narrow_rows {narrow}"
     )
     for name in ("rollout", "plain", "plain_first_prompts"):
         side = result[name]

@@ -14,9 +14,12 @@ What it measures, all with the same torch thread count (`--threads`, default 1: 
   matmul peak (target >= 0.5).
 * batch-1 decode: `HFSampler` sampling one row (temperature 1, no stop) from a 128-token prompt; decode
   tokens/s from the difference of a `--decode-tokens` + 1 and a 1-token generation, as a share of
-  bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once.
-* the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows
-  (`F.linear`, as a decode step calls them): the BLAS's own bound on a decode step, beside the plain read.
+  bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once. Twice: as the
+  sampler runs (its few-row linear layers compute W @ x^T, `agents.samplers.hf`) and with `narrow_rows=0`
+  (every layer `F.linear`), side by side.
+* the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows,
+  as `F.linear` (x @ W^T) and as W @ x^T (one row doubled, as the sampler does): the BLAS's own bound on a
+  decode step, beside the plain read.
 
 CPU only: on a GPU the same shares would need the device's own peak and bandwidth measured the same way,
 which this script does not do.
@@ -70,17 +73,23 @@ def memory_bandwidth(mib: int = 512, repeats: int = 3) -> float:
     return x.numel() * 4 / best_seconds(lambda: x.sum(), repeats, warmup=True)
 
 
-def linear_read_rate(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
+def linear_read_rate(model: torch.nn.Module, rows: int, repeats: int = 3, narrow: bool = False) -> float:
     """Bytes/s at which the model's own linear layers stream their weights for `rows` token rows (a decode step's
-    matmuls: each weight is read once per step, whatever the number of rows)."""
+    matmuls: each weight is read once per step, whatever the number of rows): as `F.linear`, or with `narrow`
+    as W @ x^T with one row doubled (the sampler's few-row form)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+    if narrow:
+        inputs = {k: (torch.cat((x, x)) if rows == 1 else x).t() for k, x in inputs.items()}
     nbytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
 
     def step() -> None:
         with torch.inference_mode():
             for m in linears:
-                F.linear(inputs[m.in_features], m.weight)
+                if narrow:
+                    torch.mm(m.weight, inputs[m.in_features])
+                else:
+                    F.linear(inputs[m.in_features], m.weight)
 
     return nbytes / best_seconds(step, repeats, warmup=True)
 
@@ -142,12 +151,15 @@ def forward_backward_seconds(model: torch.nn.Module, lengths: Sequence[int], rep
         model.eval()
 
 
-def decode_tokens_per_s(model: torch.nn.Module, tokenizer: Any, new_tokens: int = 64, repeats: int = 3) -> float:
-    """Batch-1 decode tokens/s of `HFSampler` (temperature 1, no stop), prefill excluded."""
+def decode_tokens_per_s(
+    model: torch.nn.Module, tokenizer: Any, new_tokens: int = 64, repeats: int = 3, narrow_rows: int | None = None
+) -> float:
+    """Batch-1 decode tokens/s of `HFSampler` (temperature 1, no stop), prefill excluded; `narrow_rows` as the
+    sampler takes it (None: its default; 0: every linear layer through `F.linear`)."""
     from agents.records import SamplingParams
     from agents.samplers.hf import HFSampler
 
-    sampler = HFSampler(model, tokenizer, stop_token_ids=[], cache_tokens=0)
+    sampler = HFSampler(model, tokenizer, stop_token_ids=[], cache_tokens=0, narrow_rows=narrow_rows)
     prompt = torch.randint(100, 40000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def run(n: int) -> Callable[[], Any]:
@@ -171,9 +183,11 @@ def run(
     seconds = forward_backward_seconds(model, lengths, repeats=max(1, repeats - 1))
     flops = train_flops(model, lengths)
     decode = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats)
+    decode_f_linear = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats, narrow_rows=0)
     weights = weight_bytes(model)
     decode_bound = bandwidth / weights
     linear_rates = {rows: linear_read_rate(model, rows, repeats) for rows in (1, 2, 8, 32)}
+    narrow_rates = {rows: linear_read_rate(model, rows, repeats, narrow=True) for rows in (1, 2, 8, 32)}
     return {
         "model": model_name or "smollm2-135m",
         "threads": torch.get_num_threads(),
@@ -189,8 +203,11 @@ def run(
         "decode_tokens_per_s": decode,
         "decode_bound_tokens_per_s": decode_bound,
         "decode_share_of_bound": decode / decode_bound,
+        "decode_f_linear_tokens_per_s": decode_f_linear,
+        "decode_f_linear_share_of_bound": decode_f_linear / decode_bound,
         "linear_read_bytes_per_s": linear_rates,
-        "decode_share_of_gemv_bound": decode / (linear_rates[1] / weights),
+        "narrow_linear_read_bytes_per_s": narrow_rates,
+        "decode_share_of_gemv_bound": decode / (max(linear_rates[1], narrow_rates[1]) / weights),
     }
 
 
@@ -222,10 +239,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"({result['weight_bytes'] / 1e6:.0f} MB) = {result['decode_bound_tokens_per_s']:.1f} tokens/s; "
         f"share {share:.2f} (target >= {DECODE_SHARE_TARGET}: {verdict(share >= DECODE_SHARE_TARGET)})"
     )
-    rates = ", ".join(f"{rows} rows {rate / 1e9:.1f}" for rows, rate in result["linear_read_bytes_per_s"].items())
-    print(f"the model's linear layers stream their weights at (GB/s): {rates}")
     print(
-        f"batch-1 decode as a share of what the 1-row matmuls allow (weights / their rate): "
+        f"batch-1 decode with every layer F.linear (narrow_rows=0): {result['decode_f_linear_tokens_per_s']:.1f} "
+        f"tokens/s, share {result['decode_f_linear_share_of_bound']:.2f}; the sampler's few-row form is "
+        f"{result['decode_tokens_per_s'] / result['decode_f_linear_tokens_per_s']:.2f}x that"
+    )
+    forms = (("F.linear (x @ W^T)", "linear_read_bytes_per_s"), ("W @ x^T", "narrow_linear_read_bytes_per_s"))
+    for label, key in forms:
+        rates = ", ".join(f"{rows} rows {rate / 1e9:.1f}" for rows, rate in result[key].items())
+        print(f"the model's linear layers stream their weights, {label} (GB/s): {rates}")
+    print(
+        f"batch-1 decode as a share of what the faster 1-row matmuls allow (weights / their rate): "
         f"{result['decode_share_of_gemv_bound']:.2f}"
     )
     print(json.dumps(result))

@@ -65,6 +65,46 @@ def test_logprobs_match_a_separate_forward_pass(tiny, sampler, prompts, temperat
         assert completion.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_few_row_linears_sample_what_f_linear_samples(tiny, prompts, temperature):
+    """Decode steps of <= narrow_rows rows compute W @ x^T: the same tokens and log-probs as `F.linear`."""
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, seed=5)
+    narrow, plain = HFSampler(model, tokenizer, narrow_rows=4), HFSampler(model, tokenizer, narrow_rows=0)
+    for batch in ([prompts[0]], prompts):  # one row (doubled inside) and three
+        got, expected = narrow.generate(batch, params), plain.generate(batch, params)
+        for completion, reference in zip(got, expected, strict=True):
+            assert completion.token_ids == reference.token_ids
+            assert completion.logprobs == pytest.approx(reference.logprobs, abs=1e-5, rel=0)
+
+
+def test_few_row_linears_are_used_while_sampling_and_undone_afterwards(tiny, prompts, monkeypatch):
+    model, tokenizer = tiny
+    seen = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(tuple(b.shape)) or mm(a, b))
+    sampler = HFSampler(model, tokenizer, narrow_rows=3)
+    sampler.generate(prompts, SamplingParams(max_new_tokens=4, seed=0))
+    assert {rows for _, rows in seen} == {3}  # decode steps of 3 rows; the prefills (3 x prompt) use F.linear
+    seen.clear()
+    sampler.generate(prompts[:1], SamplingParams(max_new_tokens=4, seed=0))
+    assert {rows for _, rows in seen} == {2}  # one row, doubled
+    assert not any("forward" in vars(m) for m in model.modules())  # every layer has its class's forward again
+    seen.clear()
+    HFSampler(model, tokenizer, narrow_rows=0).generate(prompts[:1], SamplingParams(max_new_tokens=4, seed=0))
+    assert not seen
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(torch, "mm", fail)  # a failing forward: the row is an error, the layers are restored
+    [completion] = HFSampler(model, tokenizer, narrow_rows=4).generate(prompts[:1], GREEDY)
+    assert completion.finish_reason == "error" and "boom" in completion.error
+    assert not any("forward" in vars(m) for m in model.modules())
+    with pytest.raises(ValueError, match="narrow_rows must be >= 0"):
+        HFSampler(model, tokenizer, narrow_rows=-1)
+
+
 def test_top_p_logprobs_are_renormalised_over_the_nucleus(tiny, sampler, prompts):
     model, _ = tiny
     [completion] = sampler.generate(prompts[:1], SamplingParams(max_new_tokens=8, top_p=0.5, seed=1))

@@ -30,6 +30,17 @@ each parameter's identity and in-place version counter (an optimizer step, `load
 merge all bump it) and the autocast state with those of the last call. `cache_tokens=0` turns reuse off
 (every call then re-encodes its prompts, as a sampler without a cache does).
 
+Decode steps on a CPU: a step feeds one token per live row, so each `nn.Linear` multiplies a few rows by its
+whole weight matrix. `F.linear` (x @ W^T) runs that product far below the machine's memory bandwidth: with one
+row MKL's matrix-vector path uses one thread, and with 3 rows the 113 MB LM head of SmolLM2-135M streams at
+3.6 GB/s. The same product written as (W @ x^T)^T, with a lone row doubled, streams at 27 GB/s. While a call
+runs, the sampler gives the model's plain float32 `nn.Linear` layers that formulation for inputs of at most
+`narrow_rows` rows (`_narrow_linears`; larger inputs, GPUs, autocast and sharded weights keep `F.linear`).
+Measured on a 2-core AVX-512 EPYC, SmolLM2-135M, 400 tokens of context, ms per decode step, `F.linear` ->
+narrow: 2 threads: 1 row 55 -> 31, 2 rows 82 -> 49, 3 rows 105 -> 62, 4 rows 86 -> 60, 6 rows 93 -> 98;
+1 thread: 1 row 56 -> 44, 3 rows 110 -> 99, 4 rows 88 -> 105. Hence the default: 4 rows with two or more
+threads, 3 with one. The two formulations differ by float rounding only (the same sums, another order).
+
 Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
 times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
 The sampler leaves that process-wide choice to the caller.
@@ -37,9 +48,10 @@ The sampler leaves that process-wide choice to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,6 +197,8 @@ class HFSampler(TokenizerContext):
         cache_tokens: most tokens whose keys and values are kept between calls for prefix reuse (see the
             module docstring); 0 turns reuse off. A model whose cache is not plain per-layer keys and
             values (sliding-window or linear-attention layers) never reuses.
+        narrow_rows: on a CPU, linear layers fed at most this many rows compute W @ x^T (see the module
+            docstring); None picks 4 with two or more torch threads and 3 with one, 0 turns it off.
     """
 
     def __init__(
@@ -197,6 +211,7 @@ class HFSampler(TokenizerContext):
         seed: int = 0,
         stop_token_ids: Iterable[int] | None = None,
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
+        narrow_rows: int | None = None,
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -218,6 +233,10 @@ class HFSampler(TokenizerContext):
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
         self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
         self._weights_key: tuple | None = None
+        if narrow_rows is not None and narrow_rows < 0:
+            raise ValueError(f"narrow_rows must be >= 0, got {narrow_rows}")
+        self.narrow_rows = narrow_rows
+        """Most rows a CPU linear layer computes as W @ x^T; None: 4 with >= 2 torch threads, else 3."""
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
@@ -286,18 +305,27 @@ class HFSampler(TokenizerContext):
         was_training = self.model.training
         self.model.eval()  # a trainer may share the model: sample without dropout, then give it back as it was
         try:
-            for start in range(0, len(rows), self.max_batch_size):
-                chunk = rows[start : start + self.max_batch_size]
-                try:
-                    completions = self._decode(chunk, params)
-                except Exception as err:  # one bad row must not fail the others: retry each row alone
-                    logger.warning("batch of %d failed (%s); retrying its rows one by one", len(chunk), err)
-                    completions = [self._decode_alone(row, params) for row in chunk]
-                for row, completion in zip(chunk, completions, strict=True):
-                    results[row[0]] = completion
+            with _narrow_linears(self.model, self._narrow_limit()):
+                for start in range(0, len(rows), self.max_batch_size):
+                    chunk = rows[start : start + self.max_batch_size]
+                    try:
+                        completions = self._decode(chunk, params)
+                    except Exception as err:  # one bad row must not fail the others: retry each row alone
+                        logger.warning("batch of %d failed (%s); retrying its rows one by one", len(chunk), err)
+                        completions = [self._decode_alone(row, params) for row in chunk]
+                    for row, completion in zip(chunk, completions, strict=True):
+                        results[row[0]] = completion
         finally:
             self.model.train(was_training)
         return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _narrow_limit(self) -> int:
+        """Most rows a linear layer computes as W @ x^T in this call (0: none; GPUs never)."""
+        if self.device.type != "cpu":
+            return 0
+        if self.narrow_rows is not None:
+            return self.narrow_rows
+        return 4 if torch.get_num_threads() >= 2 else 3
 
     def _check_prompt(self, prompt: Sequence[int]) -> list[int]:
         ids = [int(t) for t in prompt]
@@ -487,6 +515,50 @@ class HFSampler(TokenizerContext):
             return Completion("", tuple(tokens), tuple(logps), "error", f"decode failed: {err!r}")
         text, _ = cut_at_stop(text, params.stop)
         return Completion(text, tuple(tokens), tuple(logps), reason)
+
+
+@contextlib.contextmanager
+def _narrow_linears(model: torch.nn.Module, max_rows: int) -> Iterator[None]:
+    """While open, every plain float32 `nn.Linear` of `model` computes an input of at most `max_rows` rows as
+    (W @ x^T)^T, a lone row doubled first (see the module docstring for why and the measured gain).
+
+    Only layers of exactly `nn.Linear` whose weight is a plain tensor are changed, and only those without a
+    forward of their own already (a hook library's wrapper stays in charge); each gets an instance `forward`
+    that is deleted on exit, so the model is as it was afterwards, also after an exception.
+    """
+    layers = []
+    if max_rows > 0:
+        layers = [
+            module
+            for module in model.modules()
+            if type(module) is torch.nn.Linear
+            and type(module.weight.data) is torch.Tensor
+            and module.weight.dtype == torch.float32
+            and "forward" not in vars(module)
+        ]
+    for layer in layers:
+        layer.forward = _narrow_forward(layer, max_rows)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _narrow_forward(layer: torch.nn.Linear, max_rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 0 < rows <= max_rows or x.dtype != layer.weight.dtype or torch.is_autocast_enabled(x.device.type):
+            return torch.nn.functional.linear(x, layer.weight, layer.bias)
+        flat = x.reshape(rows, x.shape[-1])
+        if rows == 1:  # one row would take the single-threaded matrix-vector path
+            flat = torch.cat((flat, flat))
+        out = torch.mm(layer.weight, flat.t()).t()[:rows]
+        if layer.bias is not None:
+            out = out + layer.bias
+        return out.reshape(*x.shape[:-1], layer.weight.shape[0])
+
+    return forward
 
 
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
