@@ -19,6 +19,7 @@ import envs  # noqa: F401  (registers the ids)
 from agents.models import tiny_model
 from agents.records import Completion, SamplingParams
 from agents.samplers import HFSampler, SamplerWrapper, encode_chat
+from agents.samplers.hf import MIN_SHARED_TOKENS
 from agents.search_agents import CodaAgent
 from envs.protocol import EXECUTOR_INSTRUCTIONS, PLANNER_INSTRUCTIONS
 
@@ -99,6 +100,29 @@ def test_rows_with_and_without_kept_prefixes_share_a_batch(tiny, prompts):
     reused = cached.reused_tokens
     assert_same(cached.generate(batch, params), full.generate(batch, params))
     assert cached.reused_tokens - reused >= len(batch[0]) - len(observation(tokenizer, 0, 0)) - 1
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(max_new_tokens=8, seed=2), SamplingParams(max_new_tokens=8, temperature=0.0)]
+)
+def test_prefixes_shared_within_a_call_are_prefilled_once(tiny, params):
+    """A GRPO group's identical prompts and the instructions under every prompt: prefilled once, same samples."""
+    model, tokenizer = tiny
+    instructions = tokenizer("Answer the question by searching. " * 8, add_special_tokens=False)["input_ids"]
+    assert len(instructions) >= MIN_SHARED_TOKENS
+    x, y = (tokenizer(q, add_special_tokens=False)["input_ids"] for q in (" Who wrote Dune?", " Where is Paris?"))
+    assert x[0] != y[0]
+    prompts = [instructions + x, instructions + x, instructions + y]
+    shared = HFSampler(model, tokenizer)
+    full = HFSampler(model, tokenizer, cache_tokens=0)
+    assert_same(shared.generate(prompts, params), full.generate(prompts, params))
+    assert shared.shared_prefilled_tokens == len(prompts[0]) - 1  # the group's prompt but its last token, once
+    # the group's rows feed one token each, the other row what follows the instructions
+    assert shared.prefilled_tokens == len(prompts[0]) - 1 + 2 + len(prompts[2]) - len(instructions)
+    assert shared.reused_tokens == 2 * (len(prompts[0]) - 1) + len(instructions)
+    short = HFSampler(model, tokenizer)
+    short.generate([instructions[: MIN_SHARED_TOKENS - 1] + x, instructions[: MIN_SHARED_TOKENS - 1] + y], params)
+    assert short.shared_prefilled_tokens == 0 and short.reused_tokens == 0  # too short to be worth a pass
 
 
 def test_left_truncated_contexts_equal_a_full_re_encode(tiny, prompts):
@@ -221,7 +245,11 @@ def test_coda_rollout_with_kept_contexts_equals_a_full_re_encode(tiny, bm25):
             assert g.role == e.role and g.token_ids == e.token_ids and g.loss_mask == e.loss_mask
             assert g.sample_logprobs == pytest.approx(e.sample_logprobs, abs=TOLERANCE, rel=0)
     assert sampler.inner.reused_tokens > 0 and full_sampler.inner.reused_tokens == 0
-    assert sampler.inner.reused_tokens + sampler.inner.prefilled_tokens == full_sampler.inner.prefilled_tokens
+    # the group's two identical first prompts and every context's instructions are prefilled once for all rows
+    assert sampler.inner.shared_prefilled_tokens > 0 and full_sampler.inner.shared_prefilled_tokens == 0
+    inner, full_inner = sampler.inner, full_sampler.inner
+    assert inner.reused_tokens + inner.prefilled_tokens - inner.shared_prefilled_tokens == full_inner.prefilled_tokens
+    assert inner.prefilled_tokens < full_inner.prefilled_tokens
     assert sampler.inner.cached_tokens == 0, "every context was released when its episode ended"
 
     executors = [g for t in trajectories for g in t.generations if g.role == "executor"]

@@ -105,6 +105,28 @@ def test_few_row_linears_are_used_while_sampling_and_undone_afterwards(tiny, pro
         HFSampler(model, tokenizer, narrow_rows=-1)
 
 
+def test_sampled_tokens_follow_the_tempered_nucleus_distribution(sampler):
+    """The inverse-CDF draw: frequencies over 40,000 rows match the probabilities; top-p never leaves the nucleus."""
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(0)) * 2
+    rows = logits.expand(40_000, -1)
+    for params in (SamplingParams(temperature=1.0, seed=0), SamplingParams(temperature=0.5, top_p=0.8, seed=0)):
+        sampler._generator.manual_seed(0)
+        tokens, logps = sampler._sample(rows, params)
+        probs = torch.softmax(logits[0] / params.temperature, dim=-1).double()
+        if params.top_p < 1:
+            order = probs.argsort(descending=True)
+            nucleus = order[: int((probs[order].cumsum(0) - probs[order] < params.top_p).sum())]
+            probs = torch.zeros_like(probs).index_fill(0, nucleus, 1.0) * probs
+            probs /= probs.sum()
+            assert set(tokens.tolist()) <= set(nucleus.tolist())
+        freq = torch.bincount(tokens, minlength=40).double() / len(tokens)
+        sigma = (probs * (1 - probs) / len(tokens)).sqrt()
+        assert ((freq - probs).abs() <= 5 * sigma + 1e-4).all()
+        assert logps.double().exp().tolist() == pytest.approx(probs[tokens].tolist(), rel=1e-4)
+    with pytest.raises(ValueError, match="non-finite"):
+        sampler._sample(torch.full((2, 40), float("nan")), SamplingParams(temperature=1.0))
+
+
 def test_top_p_logprobs_are_renormalised_over_the_nucleus(tiny, sampler, prompts):
     model, _ = tiny
     [completion] = sampler.generate(prompts[:1], SamplingParams(max_new_tokens=8, top_p=0.5, seed=1))

@@ -18,8 +18,10 @@ copies the matched keys and values into its batch row and prefills only the toke
 different reused lengths share one forward pass: reused keys and values are right-aligned in a padded
 past, the new tokens left-padded after it, the attention mask marks both kinds of padding, and position ids
 are explicit. The protocol is unchanged (prompts are plain token ids), so a prompt that was left-truncated,
-edited or written by a wrapper simply reuses what matches (or nothing). The result equals a full re-encode
-up to float rounding (tested: same tokens, log-probs within 1e-5).
+edited or written by a wrapper simply reuses what matches (or nothing). Within one call, a prefix that
+several prompts share (the instructions of every context, a GRPO group's identical first prompts; at least
+`MIN_SHARED_TOKENS`) is prefilled once first and kept, so the rows reuse it too. The result equals a full
+re-encode up to float rounding (tested: same tokens, log-probs within 1e-5).
 
 Memory policy: at most `cache_tokens` tokens are kept (least recently used sequences go first; a sequence
 longer than the budget is not kept). A kept sequence is dropped when a prompt extends it (the row's new,
@@ -66,6 +68,9 @@ from agents.samplers import TokenizerContext, cut_at_stop, overflow
 logger = logging.getLogger(__name__)
 
 _Row = tuple[int, list[int], int]  # (index in the call, prompt ids after truncation, max new tokens)
+
+MIN_SHARED_TOKENS = 32
+"""Shortest prefix that several prompts of one call must share for the sampler to prefill it once for all."""
 
 DEFAULT_CACHE_TOKENS = 1 << 16
 """Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
@@ -125,6 +130,13 @@ class _PrefixStore:
     def clear(self) -> None:
         self.entries.clear()
         self.tokens = 0
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id lists."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 def _is_prefix(head: np.ndarray, ids: np.ndarray) -> bool:
@@ -241,6 +253,9 @@ class HFSampler(TokenizerContext):
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
         """Prompt tokens run through a prefill forward pass (a running count)."""
+        self.shared_prefilled_tokens = 0
+        """Of `prefilled_tokens`, those prefilled once for several rows of a call (`_share_prefixes`); rows count
+        what they take from such a prefix in `reused_tokens`."""
 
     @property
     def cached_tokens(self) -> int:
@@ -306,6 +321,7 @@ class HFSampler(TokenizerContext):
         self.model.eval()  # a trainer may share the model: sample without dropout, then give it back as it was
         try:
             with _narrow_linears(self.model, self._narrow_limit()):
+                self._share_prefixes([ids for _, ids, _ in rows])
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = rows[start : start + self.max_batch_size]
                     try:
@@ -318,6 +334,39 @@ class HFSampler(TokenizerContext):
         finally:
             self.model.train(was_training)
         return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _share_prefixes(self, prompts: list[list[int]]) -> None:
+        """Prefill once, and keep, every prefix that several prompts share (the same instructions, a GRPO
+        group's identical first prompts) beyond what kept sequences already cover: the rows then reuse it.
+
+        Only the longest shared prefixes are prefilled; the prefixes those share among themselves (the
+        instructions under two groups' prompts) are found the same way first. Each stays at least one token
+        short of its prompts (a row's first sample needs its last prompt token fed). A failure here costs
+        only the reuse: it is logged and the rows prefill everything themselves.
+        """
+        if self._store is None or len(prompts) < 2:
+            return
+        wanted: set[tuple[int, ...]] = set()
+        ordered = sorted(prompts)
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            n = min(_common_length(a, b), len(a) - 1, len(b) - 1)
+            if n >= MIN_SHARED_TOKENS and self._match(a[: n + 1])[1] < n:
+                wanted.add(tuple(a[:n]))
+        longest = [p for p in wanted if not any(len(q) > len(p) and q[: len(p)] == p for q in wanted)]
+        if not longest:
+            return
+        reused, prefilled = self.reused_tokens, self.prefilled_tokens
+        try:
+            self._share_prefixes([list(p) for p in longest])
+            greedy = SamplingParams(max_new_tokens=1, temperature=0.0)  # draws nothing from the random streams
+            rows = sorted(((i, list(p), 1) for i, p in enumerate(longest)), key=lambda row: len(row[1]))
+            for start in range(0, len(rows), self.max_batch_size):
+                self._decode(rows[start : start + self.max_batch_size], greedy)  # keeps each prefix's keys/values
+        except Exception as err:
+            logger.warning("prefilling %d shared prefixes failed (%s); each row prefills its own", len(longest), err)
+        finally:  # the counters speak of the call's rows: a prefix's own reuse is not theirs
+            self.shared_prefilled_tokens += self.prefilled_tokens - prefilled
+            self.reused_tokens = reused
 
     def _narrow_limit(self) -> int:
         """Most rows a linear layer computes as W @ x^T in this call (0: none; GPUs never)."""
@@ -485,6 +534,9 @@ class HFSampler(TokenizerContext):
         """Pick one token per row from (rows, vocab) logits; return it and its sampling log-prob.
 
         `generators`: one per row (from `SamplingParams.row_seeds`); None draws every row from the sampler's own.
+        A sampled row is an inverse-CDF draw: one uniform number per row against the row's cumulative
+        probabilities in float64. `torch.multinomial` draws an exponential number per vocabulary entry instead:
+        1.1 ms a row for SmolLM2's 49,152 tokens against 0.14 ms, 4% of a batch-1 decode step on a CPU.
         """
         logits = logits.float()
         if params.temperature <= 0:
@@ -495,12 +547,18 @@ class HFSampler(TokenizerContext):
             if params.top_p < 1.0:
                 scores = _top_p_filter(scores, params.top_p)
             logp_all = torch.log_softmax(scores, dim=-1)
-            probs = logp_all.exp()
+            cdf = logp_all.exp().double().cumsum(dim=-1)  # (rows, vocab)
+            total = cdf[:, -1:]
+            if not bool(torch.isfinite(total).all()):
+                raise ValueError("the logits give non-finite probabilities; nothing to sample from")
             if generators is None:
-                token = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+                uniform = torch.rand((len(cdf), 1), generator=self._generator, dtype=torch.float64, device=cdf.device)
             else:  # each row draws from its own stream, so its sample does not depend on its batch
-                draws = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)]
-                token = torch.cat(draws)
+                uniform = torch.cat(
+                    [torch.rand((1, 1), generator=g, dtype=torch.float64, device=cdf.device) for g in generators]
+                )
+            # the first token whose cumulative probability exceeds the draw: never one of probability 0
+            token = torch.searchsorted(cdf, uniform * total, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
         return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
 
     def _hit_stop(self, tail: list[int], params: SamplingParams) -> bool:
