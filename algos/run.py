@@ -620,19 +620,44 @@ def lr_factor(schedule: str, done: float) -> float:
 
 
 def cpu_threads(requested: int | None) -> int:
-    """CPU threads for torch: `requested`, or every core the load average leaves idle (at least one).
+    """CPU threads for torch: `requested`, or every core that other processes leave idle now (at least one).
 
     One thread per process beats several when the cores are contended (OpenMP threads spin-wait on each
-    other), while on an idle machine every core helps: the load average at start decides.
+    other), while on an idle machine every core helps. What other processes use is measured over half a
+    second at start (`busy_cores`); the load average stands in where that cannot be read. The load average
+    alone decided before, and it lags by minutes: a run started right after an install, a build or another
+    job took one thread on an idle 2-core machine and kept it for its whole budget.
     """
     if requested:
         return requested
     cores = os.cpu_count() or 1
+    busy = busy_cores()
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except OSError:
+            busy = 0.0
+    return max(1, min(cores, cores - int(busy + 0.5)))
+
+
+def busy_cores(window: float = 0.5, stat: str = "/proc/stat") -> float | None:
+    """Cores kept busy over the next `window` seconds, from the kernel's CPU time counters (Linux); None where
+    they cannot be read. This process sleeps meanwhile, so it counts only the others."""
+
+    def times() -> tuple[int, int]:
+        with open(stat) as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return fields[3] + fields[4], sum(fields)
+
     try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    return max(1, min(cores, cores - int(load + 0.5)))
+        idle0, total0 = times()
+        time.sleep(window)
+        idle1, total1 = times()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
 
 
 def print_summary(summary: dict[str, Any]) -> None:

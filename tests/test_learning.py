@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import gymnasium as gym
 import pytest
@@ -14,6 +17,7 @@ from agents.records import SamplingParams
 from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
+from algos.run import busy_cores
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
 from algos.trainer import Trainer, cpu_threads, rewards_tied
 
@@ -145,3 +149,15 @@ def test_demonstrations_keep_grounded_correct_episodes_with_balanced_yes_no(tmp_
 def test_cpu_threads_follow_the_request_or_the_idle_cores():
     assert cpu_threads(3) == 3
     assert 1 <= cpu_threads(None) <= (os.cpu_count() or 1)
+    assert busy_cores(0.01, stat="/no/such/file") is None  # then the load average decides
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the kernel's CPU counters are Linux's")
+def test_busy_cores_counts_a_process_spinning_now():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert busy_cores(0.5) >= 0.6  # one core's worth, whatever ran minutes ago
+    finally:
+        spinner.kill()
+        spinner.wait()
