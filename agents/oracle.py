@@ -46,6 +46,7 @@ from envs.data import QAExample
 from envs.rewards import normalize_answer
 
 _DOC = re.compile(r'Doc \d+ \(Title: "(.*?)"\) (.*)')
+"""One passage of an observation, to the end of its line (the first one starts after ``<information>``)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _YES_NO = ("yes", "no")
 
@@ -159,7 +160,7 @@ class OracleAgent(ContextAgent):
         if slot.done:
             slot.info = {**slot.info, "oracle_grounded": plan.grounded and plan.copyable_queries}
             return
-        for title, text in (m.groups() for m in map(_DOC.match, slot.last_obs.split("\n")) if m):
+        for title, text in (m.groups() for m in _DOC.finditer(slot.last_obs)):  # Doc 1 follows <information>
             plan.shown.setdefault(title, text.replace("</information>", ""))
         if "<result>" in slot.last_obs:
             planner = self._plans[(id(slot), "planner")]

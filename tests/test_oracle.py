@@ -68,6 +68,11 @@ def test_oracle_answers_perfectly_and_grounds_what_it_can(episodes):
         assert info["num_searches"] >= 1
         queries = re.findall(r"<search>(.*?)</search>", "".join(trajectory.actions))
         assert len(queries) == len(set(queries)), "a query is never repeated"
+        for generation in trajectory.generations:  # a later query never asks for a passage already shown
+            text = tokenizer_text(generation)
+            for query in re.findall(r"<search>(.*?)</search>", text)[1:]:
+                shown = re.findall(r'Doc \d+ \(Title: "(.*?)"\)', text.split(f"<search>{query}</search>", 1)[0])
+                assert query not in shown, f"{query!r} was already shown"
         if not info["oracle_grounded"]:
             continue
         assert info["format"] == info["refine"] == 1.0
