@@ -106,7 +106,7 @@ def test_few_row_linears_are_used_while_sampling_and_undone_afterwards(tiny, pro
 
 
 def test_sampled_tokens_follow_the_tempered_nucleus_distribution(sampler):
-    """The inverse-CDF draw: frequencies over 40,000 rows match the probabilities; top-p never leaves the nucleus."""
+    """Frequencies over 40,000 rows match the probabilities; top-p never leaves the nucleus; NaN is an error."""
     logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(0)) * 2
     rows = logits.expand(40_000, -1)
     for params in (SamplingParams(temperature=1.0, seed=0), SamplingParams(temperature=0.5, top_p=0.8, seed=0)):
