@@ -62,13 +62,22 @@ class Budget:
     """Episodes per batched evaluation rollout."""
     train_args: tuple[str, ...] = field(default_factory=tuple)
     """Extra trainer flags shared by every run."""
+    coda_steps: int | None = None
+    """Training steps per run under the coda protocol; None: `steps`."""
+
+    def steps_for(self, protocol: str) -> int:
+        """Training steps per run under `protocol`."""
+        return self.coda_steps if protocol == "coda" and self.coda_steps is not None else self.steps
 
 
 BUDGETS = {
-    # The main job's budget as a step count: 68 steps of the cpu preset is what `python -m algos.red_grpo`
-    # reaches in its 25 training minutes on the idle 2-core machine (seeds 0 and 1). Steps, not minutes, so that
-    # runs side by side (or beside other work) train on exactly what an idle run would; all 200 dev questions.
-    "cpu": Budget("cpu", steps=68, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None")),
+    # The main job's budget as a step count: what `python -m algos.red_grpo` reaches in its 25 training minutes on
+    # the idle 2-core machine, 84-85 steps flat and 77 with --protocol coda (benchmarks/README.md). Steps, not
+    # minutes, so that runs side by side (or beside other work) train on exactly what an idle run would; all 200
+    # dev questions.
+    "cpu": Budget(
+        "cpu", steps=84, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None"), coda_steps=77
+    ),
     # A quick look (minutes): 3 steps per run, 10 held-out dev questions.
     "cpu-quick": Budget("cpu", steps=3, eval_limit=10, eval_batch=10),
     # The seed's configuration (32 prompts per step, group size 2, 480 steps) on the 200 dev questions.
@@ -101,7 +110,7 @@ def train(
         "--seed",
         str(seed),
         "--steps",
-        str(budget.steps),
+        str(budget.steps_for(protocol)),
         "--protocol",
         protocol,
         "--run-dir",
@@ -129,9 +138,23 @@ def train(
         "tokens_trained": _metric_total(run_dir, "tokens/trained"),
         "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
         "final_model": str(run_dir / "final"),
+        "code": code_version(),
     }
     done.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def code_version() -> str | None:
+    """The git commit of the code that runs (with "+changes" when the work tree differs); None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -388,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     budget = Budget(
         budget.preset,
-        args.steps or budget.steps,
+        args.steps or budget.steps_for(args.protocol),
         args.eval_limit or budget.eval_limit,
         budget.eval_batch,
         (*budget.train_args, *args.train_arg),
@@ -484,6 +507,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "protocol": args.protocol,
         "seeds": args.seeds,
         "machine": machine,
+        "code": code_version(),
         "wall_time_s": wall,
         "rows": rows,
         "paired": paired,
