@@ -10,7 +10,7 @@ Presets name whole sets of defaults; flags given after them override single fiel
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step at lr 1e-4, answering without an evidence quote, the gradient through the model's own tokens only;
+  step, under CoDA 2 of them the planner's and 6 the executors', at lr 1e-4, answering without an evidence quote, the gradient through the model's own tokens only;
   while every rollout group ties, a 1-question probe batch instead of 2 questions), then the before/after
   evaluation on 100 dev questions; about 31 minutes from start to summary on an idle machine (see
   benchmarks/README.md).
@@ -192,6 +192,9 @@ class Config:
     """Coefficient of the SFT cross-entropy on oracle demonstrations (times the rule's weight)."""
     sft_batch_size: int = 8
     """Oracle demonstrations (contexts) in each step's SFT minibatch."""
+    sft_planner_share: float | None = None
+    """CoDA: the share of each SFT minibatch drawn from the planner's contexts, the rest from the executors';
+    None: drawn from all contexts alike (one planner context per executor context in the oracle's episodes)."""
     sft_data: str | None = None
     """JSON lines of demonstrations (from `python -m agents.oracle` or this trainer's cache); None builds them."""
     sft_num_demos: int | None = None
@@ -379,6 +382,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "max_new_tokens": 64,
         "max_context_tokens": 2048,
         "sft_batch_size": 8,
+        "sft_planner_share": 0.25,
         "sft_num_demos": None,
         "quote_words": 0,
         "lr": 1e-4,
@@ -550,6 +554,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("clip_eps_high", positive, "> 0"),
     ("kl_coef", at_least(0), ">= 0"),
     ("sft_coef", at_least(0), ">= 0"),
+    ("sft_planner_share", lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),
     ("sft_batch_size", at_least(1), ">= 1"),
     ("sft_num_demos", at_least(1), ">= 1"),
     ("red_max_factor", at_least(1), ">= 1"),

@@ -237,9 +237,32 @@ def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | Non
     return kept
 
 
-def sample_indices(num_demos: int, batch_size: int, seed: int, step: int) -> Sequence[int]:
-    """Indices of one step's SFT minibatch: a function of (seed, step) only, so a resumed run draws the same ones."""
+def sample_indices(
+    num_demos: int,
+    batch_size: int,
+    seed: int,
+    step: int,
+    *,
+    roles: Sequence[str] | None = None,
+    planner_share: float | None = None,
+) -> Sequence[int]:
+    """Indices of one step's SFT minibatch: a function of (seed, step) only, so a resumed run draws the same ones.
+
+    With `roles` (each demonstration's) and `planner_share`, ``round(batch_size * planner_share)`` of the
+    minibatch comes from the planner's contexts and the rest from the others (CoDA's executors), as far as each
+    kind has demonstrations; otherwise (also when no demonstration is a planner's) it is drawn from all alike.
+    """
     import numpy as np
 
     rng = np.random.default_rng([seed, step, 0x5F7])
-    return rng.choice(num_demos, size=min(batch_size, num_demos), replace=False).tolist()
+    if roles is not None and len(roles) != num_demos:
+        raise ValueError(f"{len(roles)} roles for {num_demos} demonstrations")
+    if roles is None or planner_share is None or "planner" not in roles:  # flat: the draw as without a share
+        return rng.choice(num_demos, size=min(batch_size, num_demos), replace=False).tolist()
+    planners = [i for i, role in enumerate(roles) if role == "planner"]
+    others = [i for i, role in enumerate(roles) if role != "planner"]
+    wanted = min(round(batch_size * planner_share), len(planners))
+    wanted = max(wanted, batch_size - len(others))  # too few of the others: planners fill the minibatch
+    picks = rng.choice(planners, size=min(wanted, len(planners)), replace=False).tolist()
+    picks += rng.choice(others, size=min(batch_size - len(picks), len(others)), replace=False).tolist()
+    return picks

@@ -217,7 +217,11 @@ class Trainer(TrainingRun):
 
     def sft_minibatch(self, step: int) -> TensorDict:
         """The SFT minibatch of `step` (a function of the seed and the step only)."""
-        picks = sample_indices(len(self.demos), self.config.sft_batch_size, self.config.seed, step)
+        cfg = self.config
+        roles = [d.role for d in self.demos] if cfg.sft_planner_share is not None else None
+        picks = sample_indices(
+            len(self.demos), cfg.sft_batch_size, cfg.seed, step, roles=roles, planner_share=cfg.sft_planner_share
+        )
         picks = distributed.shard(picks, self.world)  # data parallel: this rank's share of the global minibatch
         return collate_sft([self.demos[i] for i in picks], pad_token_id=self.pad_id)
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from algos.sft_data import read_demonstrations
+from algos.sft_data import read_demonstrations, sample_indices
 from envs.data import DataError
 
 
@@ -63,3 +63,20 @@ def test_demonstrations_without_quotes_have_their_own_cache(tokenizer):
     assert demonstrations_cache_path(preset_config("cpu"), tokenizer) != path
     with pytest.raises(ValueError, match="--quote-words must be >= 0"):
         preset_config("cpu", quote_words=-1)
+
+
+def test_a_planner_share_sets_how_many_planner_contexts_each_minibatch_draws():
+    roles = ["planner", "executor"] * 50
+    for step in range(20):
+        picks = sample_indices(100, 8, seed=0, step=step, roles=roles, planner_share=0.25)
+        assert len(set(picks)) == 8 and sum(roles[i] == "planner" for i in picks) == 2
+        assert picks == list(sample_indices(100, 8, seed=0, step=step, roles=roles, planner_share=0.25))  # resumable
+    uniform = [sum(roles[i] == "planner" for i in sample_indices(100, 8, 0, step)) for step in range(200)]
+    assert 3.5 < sum(uniform) / len(uniform) < 4.5  # without a share: about half, as the demonstrations are
+    few = ["planner"] * 3 + ["executor"] * 97  # fewer planners than the share asks for: the executors fill in
+    picks = sample_indices(100, 20, 0, 0, roles=few, planner_share=0.5)
+    assert len(set(picks)) == 20 and sum(few[i] == "planner" for i in picks) == 3
+    flat = ["agent"] * 10  # no planner at all (flat): the share changes nothing
+    assert sample_indices(10, 8, 0, 3, roles=flat, planner_share=0.25) == sample_indices(10, 8, 0, 3)
+    with pytest.raises(ValueError, match="roles"):
+        sample_indices(10, 8, 0, 0, roles=flat[:5], planner_share=0.25)
