@@ -10,8 +10,9 @@ Presets name whole sets of defaults; flags given after them override single fiel
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
 - ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
   not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step, under CoDA 2 of them the planner's and 6 the executors', at lr 1e-4, answering without an evidence quote, the gradient through the model's own tokens only;
-  while every rollout group ties, a 1-question probe batch instead of 2 questions), then the before/after
+  step, under CoDA 2 of them the planner's and 6 the executors', at lr 1e-4, answering without an evidence
+  quote, the gradient through the model's own tokens only; while every rollout group ties, a 1-question probe
+  batch instead of 2 questions), then the before/after
   evaluation on 100 dev questions; about 31 minutes from start to summary on an idle machine (see
   benchmarks/README.md).
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
