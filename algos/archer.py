@@ -113,8 +113,9 @@ class ArCHerConfig(Config):
         )
 
 
-ARCHER_DEFAULTS: dict[str, object] = {"group_size": 1}
-"""The entry point's defaults over every preset's (the critic is the baseline: no GRPO groups needed)."""
+ARCHER_DEFAULTS: dict[str, object] = {"group_size": 1, "protocol": "flat"}
+"""The entry point's defaults over every preset's (the critic is the baseline: no GRPO groups needed; the flat
+protocol whatever the preset's, as the turn-level critic reads one context per episode)."""
 
 ARCHER_PRESETS: dict[str, dict[str, object]] = {
     "gpu": {"questions_per_step": 64},

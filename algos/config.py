@@ -8,13 +8,13 @@ Presets name whole sets of defaults; flags given after them override single fiel
 
 - ``gpu``: the seed's training defaults (32 prompts per step, group size 2, 2 search turns, 480 steps,
   lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
-- ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores: 25 minutes of training (the budget,
-  not a step count, ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per
-  step, under CoDA 2 of them the planner's and 6 the executors', at lr 1e-4, answering without an evidence
-  quote, the gradient through the model's own tokens only; while every rollout group ties, a 1-question probe
-  batch instead of 2 questions), then the before/after
-  evaluation on 100 dev questions; about 31 minutes from start to summary on an idle machine (see
-  benchmarks/README.md).
+- ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores, the CoDA protocol (the flat agent with
+  ``--protocol flat``; benchmarks/README.md has why): 25 minutes of training (the budget, not a step count,
+  ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per step, under CoDA 2 of
+  them the planner's and 6 the executors', at lr 1e-4, answering without an evidence quote, the gradient through
+  the model's own tokens only; while every rollout group ties, a 1-question probe batch instead of 2
+  questions), then the before/after evaluation on 100 dev questions; about 30 minutes from start to summary on
+  an idle machine (see benchmarks/README.md). PPO and ArCHer keep the flat protocol.
 - ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
 
 With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
@@ -373,6 +373,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "gpu": {},
     "cpu": {
         "preset": "cpu",
+        "protocol": "coda",
         "steps": 400,
         "max_train_minutes": 25.0,
         "questions_per_step": 2,

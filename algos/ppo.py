@@ -90,6 +90,7 @@ class PPOConfig(Config):
 
 PPO_DEFAULTS: dict[str, object] = {
     "env": QUERY_REWRITE_ENV,
+    "protocol": "flat",  # whatever the preset's: the query-rewrite env has no other, and PPO scores flat episodes
     "group_size": 1,
     "update_epochs": 2,
     "kl_coef": 0.02,
