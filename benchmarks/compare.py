@@ -72,11 +72,11 @@ class Budget:
 
 BUDGETS = {
     # The main job's budget as a step count: what `python -m algos.red_grpo` reaches in its 25 training minutes on
-    # the idle 2-core machine, 84-85 steps flat (--protocol flat) and 60-62 under CoDA (benchmarks/README.md).
-    # Steps, not minutes, so that runs side by side (or beside other work) train on exactly what an idle run
-    # would; all 200 dev questions.
+    # the idle 2-core machine, 84-85 steps flat (--protocol flat) and 60, 62 and 75 under CoDA (seeds 0-2, mean 66;
+    # benchmarks/README.md). Steps, not minutes, so that runs side by side (or beside other work) train on exactly
+    # what an idle run would; all 200 dev questions.
     "cpu": Budget(
-        "cpu", steps=84, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None"), coda_steps=61
+        "cpu", steps=84, eval_limit=None, eval_batch=50, train_args=("--max-train-minutes", "None"), coda_steps=66
     ),
     # A quick look (minutes): 3 steps per run, 10 held-out dev questions.
     "cpu-quick": Budget("cpu", steps=3, eval_limit=10, eval_batch=10),

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from algos.config import Config
 from algos.evaluation import held_out_settings
 from benchmarks.compare import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _trained_config(run_dir) -> Config:
@@ -56,6 +61,11 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     for plot in ("reward.png", "f1.png", "answered.png", "sft_weight.png", "red_weights.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
     assert len(report["runs"]) == 4 and report["protocol"] == "flat"
+    git = shutil.which("git")
+    head = subprocess.run([git, "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout if git else ""
+    if head.strip():  # in a git checkout every run and the report name the commit that ran
+        commit = head.strip()
+        assert report["code"].startswith(commit) and all(r["code"].startswith(commit) for r in report["runs"])
     # RED against each other system, paired by question, each system's question score the mean of its seeds
     test = next(t for t in report["paired"] if t["other"] == "grpo" and t["metric"] == "f1")
     red = [_per_question(out, f"red_grpo-seed{s}", "f1") for s in (0, 1)]
