@@ -215,14 +215,17 @@ class Trainer(TrainingRun):
             terms["loss_kl"] = cfg.kl_coef * kl_penalty(logp, ref_logp, mask, cfg.kl_estimator, num_tokens=num_tokens)
         return terms
 
-    def sft_minibatch(self, step: int) -> TensorDict:
-        """The SFT minibatch of `step` (a function of the seed and the step only)."""
+    def sft_indices(self, step: int) -> Sequence[int]:
+        """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
         cfg = self.config
         roles = [d.role for d in self.demos] if cfg.sft_planner_share is not None else None
-        picks = sample_indices(
+        return sample_indices(
             len(self.demos), cfg.sft_batch_size, cfg.seed, step, roles=roles, planner_share=cfg.sft_planner_share
         )
-        picks = distributed.shard(picks, self.world)  # data parallel: this rank's share of the global minibatch
+
+    def sft_minibatch(self, step: int) -> TensorDict:
+        """The SFT minibatch of `step` (a function of the seed and the step only)."""
+        picks = distributed.shard(self.sft_indices(step), self.world)  # data parallel: this rank's share
         return collate_sft([self.demos[i] for i in picks], pad_token_id=self.pad_id)
 
     def _rl_backward(self, batch: TensorDict) -> dict[str, float]:

@@ -53,7 +53,6 @@ from tensordict import TensorDict
 
 import algos.trainer
 from algos.config import parse_config
-from algos.sft_data import sample_indices
 from algos.trainer import Trainer, micro_batches
 from benchmarks.roofline import matmul_peak, train_flops
 
@@ -186,19 +185,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             sft = trainer.sft_minibatch(trainer.step - 1)
             batches.append((sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.micro_batch_tokens)))
             demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
-            roles = [demo.role for demo in trainer.demos] if config.sft_planner_share is not None else None
-            draws = (
-                sample_indices(
-                    len(demo_lengths),
-                    config.sft_batch_size,
-                    config.seed,
-                    step,
-                    roles=roles,
-                    planner_share=config.sft_planner_share,
-                )
-                for step in range(SFT_STEPS)
-            )
-            sft_lengths = [[demo_lengths[i] for i in picks] for picks in draws]
+            sft_lengths = [[demo_lengths[i] for i in trainer.sft_indices(step)] for step in range(SFT_STEPS)]
         sft_coef = metrics.get("sft/weight", 1.0) * config.sft_coef
         peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
         # alternate bare and trainer passes (and the trainer with the earlier grouping) on the same batch;
