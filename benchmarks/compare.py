@@ -17,7 +17,8 @@ Written to `--out`:
 - `reward.png`, `f1.png`, `answered.png`, `sft_weight.png`: learning curves, mean over seeds with a band
   from the lowest to the highest seed; `red_weights.png`: RED's entropy weight, accuracy factor and product;
 - `report.json`: the exact command, budget, protocol, machine, seeds, the paired tests and every run's numbers;
-- `runs/<algo>-seed<s>/`: each trainer run (checkpoints, metrics.jsonl, final model);
+- `runs/<algo>-seed<s>/`: each trainer run (metrics.jsonl, final model, and `summary.json` with its steps, tokens,
+  wall time, commit and trainer config; its one checkpoint is kept only until the run finishes);
 - `evals/<name>.json`: each evaluation (metrics and per-question predictions).
 
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
@@ -28,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -139,9 +142,18 @@ def train(
         "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
         "final_model": str(run_dir / "final"),
         "code": code_version(),
+        "config": _trained_config(run_dir),
     }
     done.write_text(json.dumps(summary, indent=2))
+    if (run_dir / "final").exists():  # finished: the final model is what is evaluated, nothing left to resume
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # 1.6 GB per SmolLM2-135M run
     return summary
+
+
+def _trained_config(run_dir: Path) -> dict[str, Any] | None:
+    """The trainer config a run recorded in its newest checkpoint (None without one)."""
+    states = sorted((run_dir / "checkpoints").glob("step_*/state.json"))
+    return json.loads(states[-1].read_text()).get("config") if states else None
 
 
 def code_version() -> str | None:
@@ -173,8 +185,6 @@ def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Pa
     The env settings, tokens per turn and context length come from the runs' `Config` through
     `algos.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses.
     """
-    import dataclasses
-
     from algos.evaluation import score_held_out
 
     target = out_dir / f"{name}.json"
@@ -442,13 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             subprocess.run(cmd, check=True)
         args.init_model = str(warm / "final")
     if args.init_model:
-        budget = Budget(
-            budget.preset,
-            budget.steps,
-            budget.eval_limit,
-            budget.eval_batch,
-            (*budget.train_args, "--model", args.init_model),
-        )
+        budget = dataclasses.replace(budget, train_args=(*budget.train_args, "--model", args.init_model))
     config = _run_config(budget.preset, args.protocol, budget.train_args)
     start = time.perf_counter()
 

@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _trained_config(run_dir) -> Config:
-    """The config a comparison run trained with, as its newest checkpoint recorded it."""
-    state = sorted((run_dir / "checkpoints").glob("step_*"))[-1] / "state.json"
-    saved = json.loads(state.read_text())["config"]
+    """The config a comparison run trained with, as its newest checkpoint recorded it (kept in summary.json)."""
+    saved = json.loads((run_dir / "summary.json").read_text())["config"]
     return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
 
 
@@ -76,7 +75,10 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     assert {t["other"] for t in report["paired"]} == {"grpo", "start model"}
     red_rows = [json.loads(x) for x in (out / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(red_rows) == 2 and "red/final_weight" in red_rows[-1]
-    assert [c.name for c in (out / "runs" / "red_grpo-seed0" / "checkpoints").glob("step_*")] == ["step_000002"]
+    # a finished run keeps its final model and drops its checkpoint (1.6 GB for SmolLM2-135M): nothing to resume
+    assert (out / "runs" / "red_grpo-seed0" / "final" / "config.json").exists()
+    assert not (out / "runs" / "red_grpo-seed0" / "checkpoints").exists()
+    assert _trained_config(out / "runs" / "red_grpo-seed0").keep_checkpoints == 1
 
     # a second invocation redoes nothing: finished trainings and evaluations are kept
     summary = out / "runs" / "grpo-seed1" / "summary.json"
@@ -103,3 +105,29 @@ def test_a_coda_comparison_evaluates_in_the_env_it_trained_in(tmp_path, monkeypa
         assert settings["env_kwargs"]["max_executor_turns"] == trained.max_executor_turns
         assert settings["max_context_tokens"] == trained.max_context_tokens
         assert settings["max_new_tokens"] == trained.max_new_tokens
+
+
+def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch):
+    """A training stopped after its first checkpoint resumes there: its steps are not redone, and the whole run
+    equals one trained without the stop."""
+    from algos.red_grpo import main as red_grpo
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "cmp"
+    run_dir = out / "runs" / "red_grpo-seed0"
+    # what an interruption after step 1 of 2 leaves: the comparison's trainer flags, one checkpoint, no summary
+    red_grpo(["--preset", "tiny", "--seed", "0", "--steps", "1", "--protocol", "flat", "--run-dir", str(run_dir),
+              "--eval-questions", "0", "--keep-checkpoints", "1"])  # fmt: skip
+    first = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(first) == 1 and (run_dir / "checkpoints" / "latest").exists()
+    main(["--budget", "tiny", "--algos", "red_grpo", "--seeds", "1", "--no-baseline", "--out", str(out)])
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and rows[0] == first[0]  # step 1 kept as it was, step 2 trained after the resume
+
+    uninterrupted = tmp_path / "once"
+    main(["--budget", "tiny", "--algos", "red_grpo", "--seeds", "1", "--no-baseline", "--out", str(uninterrupted)])
+    again = [
+        json.loads(r) for r in (uninterrupted / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    for key in ("critic/rewards/mean", "sft/nll", "loss_pg"):
+        assert [json.loads(r)[key] for r in rows] == pytest.approx([r[key] for r in again], abs=1e-5)
