@@ -264,7 +264,8 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
             ax.set_xlabel("step")
             ax.set_title(f"{label} ({SMOOTH_STEPS}-step mean, band: seeds)", fontsize=9)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # red_weights.png of a comparison without RED has no curve
+                ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / filename, dpi=110)
         plt.close(fig)
@@ -450,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 cmd.append("--resume")
             print(f"[compare] {shlex.join(cmd)}", flush=True)
             subprocess.run(cmd, check=True)
+        shutil.rmtree(warm / "checkpoints", ignore_errors=True)  # finished: every run starts from its final model
         args.init_model = str(warm / "final")
     if args.init_model:
         budget = dataclasses.replace(budget, train_args=(*budget.train_args, "--model", args.init_model))
@@ -497,7 +499,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         pass
     held_out = f"the first {budget.eval_limit}" if budget.eval_limit else "all"
     header = (
-        f"Protocol: {args.protocol}; budget: {args.budget} ({budget.steps} steps of preset {budget.preset}); "
+        f"Protocol: {args.protocol}; budget: {args.budget} "
+        f"({budget.steps_for(args.protocol)} steps of preset {budget.preset}); "
         f"start model: {config.model or 'SmolLM2-135M-Instruct'}; "
         f"seeds: 0..{args.seeds - 1}; held-out: {held_out} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "

@@ -131,3 +131,16 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch)
     ]
     for key in ("critic/rewards/mean", "sft/nll", "loss_pg"):
         assert [json.loads(r)[key] for r in rows] == pytest.approx([r[key] for r in again], abs=1e-5)
+
+
+def test_regime_two_starts_every_run_and_the_baseline_from_one_shared_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "cmp"
+    report = main(["--budget", "tiny", "--algos", "grpo", "--seeds", "1", "--warm-start-steps", "1", "--out", str(out)])
+    warm = out / "runs" / "warm-start"
+    assert len((warm / "metrics.jsonl").read_text().splitlines()) == 1  # the SFT warm start's one step
+    assert (warm / "final" / "config.json").exists() and not (warm / "checkpoints").exists()
+    assert _trained_config(out / "runs" / "grpo-seed0").model == str(warm / "final")
+    assert str(warm / "final") in (out / "table.md").read_text()  # the header names the start model
+    baseline = json.loads((out / "evals" / "untrained.json").read_text())
+    assert baseline["n"] == 4 and report["rows"][-1]["algorithm"] == "start model, no RL (baseline)"
