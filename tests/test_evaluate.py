@@ -85,3 +85,37 @@ def test_evaluate_scores_every_question(agent, tiny, bm25, tmp_path):
         )  # a random model writes no tags
     assert {"direct": 0, "rag": 1}.get(agent, records[0]["num_searches"]) == records[0]["num_searches"]
     assert agent in format_table([result])
+
+
+def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, capsys):
+    """Dev 1's answer stands in what its question-as-query search shows ("Carver Dana Andrews", Doc 2), dev 3's does
+    not (Boyzone's record sales are in no passage the question finds); dev 9 is a yes/no question."""
+    from algos.config import preset_config
+    from algos.evaluation import held_out_settings
+    from benchmarks.first_search import main as first_search
+
+    settings = held_out_settings(preset_config("cpu", protocol="flat"))
+    predictions = [
+        {"index": 1, "gold_answers": ["Carver Dana Andrews"], "f1": 1.0, "num_searches": 1},
+        {"index": 3, "gold_answers": ["25 million"], "f1": 0.0, "num_searches": 2},
+        {"index": 9, "gold_answers": ["yes"], "f1": 1.0, "num_searches": 1},
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.json").write_text(
+        json.dumps(
+            {
+                "after": {"settings": settings, "predictions": predictions},
+                "before": {
+                    "settings": settings,
+                    "predictions": [{**p, "f1": 0.0, "num_searches": 0} for p in predictions],
+                },
+            }
+        )  # fmt: skip
+    )
+    rows = first_search([str(run / "eval.json")])
+    trained, start = rows["run (trained)"], rows["run (start)"]
+    assert (trained["shown"]["n"], trained["shown"]["f1"], trained["shown"]["searched_again"]) == (1, 1.0, 0.0)
+    assert (trained["not shown"]["n"], trained["not shown"]["f1"], trained["not shown"]["searched_again"]) == (1, 0, 1)
+    assert trained["yes/no"]["n"] == 1 and start["shown"]["f1"] == 0.0
+    assert "| run (trained) | 1, 1.000" in capsys.readouterr().out

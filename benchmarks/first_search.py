@@ -1,0 +1,116 @@
+"""Reading or searching? Split an evaluation by whether the question-as-query search already shows the answer.
+
+    python -m benchmarks.first_search runs/red/eval.json [benchmarks/results/compare-cpu-flat/evals/*.json ...]
+
+A trained agent's first query is the question itself (as the oracle's demonstrations teach). For each held-out
+question this replays that one search in the evaluation's own env settings (retriever, top-k, passage words) and
+asks whether a gold answer stands in the passages it shows (as whole words after answer normalization: an upper
+bound, since the words can stand there about something else, e.g. "American" said of another author). The
+questions whose answer is yes or no are set aside (their answer never stands in a passage). Then, per evaluation:
+
+- *shown*: the first search shows the answer, so the question is one of reading the right span; F1 there measures
+  reading;
+- *not shown*: a later search has to find it (the bridge entity named in a second query), so F1 there measures
+  searching;
+
+with the share of episodes that searched more than once in each part. An evaluation is a main job's ``eval.json``
+(its ``after`` and ``before`` results) or one result written by `benchmarks.evaluate` / `benchmarks.compare`
+(``evals/<run>.json``). Retrieval only: no model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stats import mean_ci
+from envs.rewards import normalize_answer
+
+YES_NO = ("yes", "no")
+
+
+def results_in(path: Path) -> dict[str, dict[str, Any]]:
+    """The evaluation results a file holds, by name: a main job's eval.json gives its after and before results."""
+    data = json.loads(path.read_text())
+    if "after" in data:
+        return {f"{path.parent.name} (trained)": data["after"], f"{path.parent.name} (start)": data["before"]}
+    return {path.stem: data}
+
+
+def first_search_shows(result: dict[str, Any]) -> dict[int, bool]:
+    """For each question of `result` (by dataset index): does the question-as-query search show a gold answer?"""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the env ids)
+
+    kwargs = {**result["settings"]["env_kwargs"], "protocol": "flat"}  # the executor's searches are the flat agent's
+    env = gym.make("RedCoda-HotpotQA-v0", **kwargs)
+    shown = {}
+    for prediction in result["predictions"]:
+        index = prediction["index"]
+        env.reset(options={"index": index})
+        example = env.unwrapped.examples[index]
+        observation, *_ = env.step(f"<search>{example.question}</search>")
+        text = f" {normalize_answer(observation)} "
+        shown[index] = any(f" {normalize_answer(answer)} " in text for answer in example.answers)
+    env.close()
+    return shown
+
+
+def split(result: dict[str, Any], shown: dict[int, bool]) -> dict[str, dict[str, float]]:
+    """F1 (mean and 95% CI), questions and the share that searched more than once, per part of `result`."""
+    parts: dict[str, list[dict[str, Any]]] = {"shown": [], "not shown": [], "yes/no": []}
+    for p in result["predictions"]:
+        yes_no = normalize_answer(p["gold_answers"][0]) in YES_NO
+        parts["yes/no" if yes_no else "shown" if shown[p["index"]] else "not shown"].append(p)
+    out = {}
+    for name, predictions in parts.items():
+        f1 = mean_ci([p["f1"] for p in predictions])
+        searched_again = sum(p["num_searches"] >= 2 for p in predictions) / max(1, len(predictions))
+        out[name] = {
+            "n": len(predictions),
+            "f1": f1.mean,
+            "low": f1.low,
+            "high": f1.high,
+            "searched_again": searched_again,
+        }
+    return out
+
+
+def table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Markdown: one line per evaluation, F1 [95% CI] and searched-again share per part."""
+    lines = [
+        "| evaluation | answer shown by the first search: n, F1 [95% CI], searched again | not shown | yes/no: n, F1 |",
+        "|---|---|---|---|",
+    ]
+    for name, parts in rows.items():
+        cells = [
+            f"{p['n']}, {p['f1']:.3f} [{p['low']:.3f}, {p['high']:.3f}], {p['searched_again']:.2f}"
+            for p in (parts["shown"], parts["not shown"])
+        ]
+        yes_no = parts["yes/no"]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {yes_no['n']}, {yes_no['f1']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("evaluations", nargs="+", type=Path, help="eval.json of a main job, or evaluation results")
+    args = parser.parse_args(argv)
+    rows: dict[str, dict[str, dict[str, float]]] = {}
+    cache: dict[str, dict[int, bool]] = {}
+    for path in args.evaluations:
+        for name, result in results_in(path).items():
+            key = json.dumps(result["settings"]["env_kwargs"], sort_keys=True)
+            if key not in cache or not set(p["index"] for p in result["predictions"]) <= cache[key].keys():
+                cache[key] = {**cache.get(key, {}), **first_search_shows(result)}
+            rows[name] = split(result, cache[key])
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
