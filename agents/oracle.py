@@ -45,8 +45,10 @@ from agents.search_agents import ContextAgent, _Slot
 from envs.data import QAExample
 from envs.rewards import normalize_answer
 
-_DOC = re.compile(r'Doc \d+ \(Title: "(.*?)"\) (.*)')
-"""One passage of an observation, to the end of its line (the first one starts after ``<information>``)."""
+_DOC = re.compile(r'Doc \d+ ?\(Title: "(.*?)"\) (.*)')
+"""One passage of an observation, to the end of its line (the first one starts after ``<information>``), in either
+observation format: ours (``Doc 1 (Title: "..") text``) or Search-R1's (``Doc 1(Title: "..") text``: the title as the
+corpus line has it, quoted in the bundled corpus and in Search-R1's)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _YES_NO = ("yes", "no")
 

@@ -39,7 +39,7 @@ from envs.data import DataError
 
 logger = logging.getLogger(__name__)
 
-ORACLE_VERSION = "grounded-7"
+ORACLE_VERSION = "grounded-8"  # 8: reads Search-R1-format observations (ours unchanged)
 """Changes whenever the oracle's policy changes, so cached demonstrations of an older oracle are rebuilt."""
 
 __all__ = ["build_oracle_demonstrations", "demonstrations_cache_path", "load_demonstrations", "read_demonstrations"]

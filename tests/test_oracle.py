@@ -216,3 +216,17 @@ def test_without_quotes_the_oracle_acts_the_same_and_answers_directly(episodes, 
         )
     with pytest.raises(ValueError, match="quote_words"):
         OracleAgent(tokenizer, quote_words=-1)
+
+
+def test_the_oracle_reads_search_r1_observations_too(bm25, tokenizer):
+    """In Search-R1's observation format (``Doc 1(Title: "..") text``, whole passages) the oracle sees what was shown:
+    it grounds its answers and never searches a title already shown, as in ours."""
+    env_list = [gym.make(ENV_IDS["flat"], retriever=bm25, observation_format="search_r1", **ORACLE_ENV) for _ in ROWS]
+    trajectories = OracleAgent(tokenizer, seed=0).rollout(env_list, ROWS, seed=0)
+    grounded = [t for t in trajectories if t.info["oracle_grounded"]]
+    assert len(grounded) >= 4 and all(t.info["f1"] == 1.0 for t in trajectories)
+    for trajectory in trajectories:
+        text = tokenizer_text(trajectory.generations[0]).split("<|im_start|>assistant", 1)[1]  # after the prompt
+        for query in re.findall(r"<search>(.*?)</search>", text)[1:]:
+            shown = re.findall(r'Doc \d+\(Title: "(.*?)"\)', text.split(f"<search>{query}</search>", 1)[0])
+            assert shown and query not in shown, f"{query!r} was already shown"
