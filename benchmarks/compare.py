@@ -2,6 +2,7 @@
 
     python -m benchmarks.compare --algos grpo grpo_sft red_grpo --seeds 3 --budget cpu --threads 1
     python -m benchmarks.compare --budget gpu --protocol coda --out benchmarks/results/compare-gpu-coda
+    python -m benchmarks.compare --algos red_grpo grpo_sft grpo_sft:sft_coef=0.4 --seeds 3   # a variant as a system
 
 For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
 never leaks into the next) on the same env, data order (the seed fixes it identically for every
@@ -20,6 +21,10 @@ Written to `--out`:
 - `runs/<algo>-seed<s>/`: each trainer run (metrics.jsonl, final model, and `summary.json` with its steps, tokens,
   wall time, commit and trainer config; its one checkpoint is kept only until the run finishes);
 - `evals/<name>.json`: each evaluation (metrics and per-question predictions).
+
+A system is an algorithm, or an algorithm with trainer settings of its own: `grpo_sft:sft_coef=0.4` is GRPO + SFT
+trained with `--sft-coef 0.4` (settings `name=value`, comma-separated, any `Config` field), reported, paired and
+drawn as a system of its own, its runs in `runs/grpo_sft-sft_coef0.4-seed<s>/`.
 
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
 (`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`).
@@ -97,10 +102,58 @@ def _run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
     return parse_config(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
 
 
+@dataclass(frozen=True)
+class System:
+    """What one row of the comparison trains: an algorithm and its own trainer flags (see the module docstring)."""
+
+    name: str
+    algo: str
+    flags: tuple[str, ...] = ()
+
+    @property
+    def slug(self) -> str:
+        """The name as a folder name: grpo_sft:sft_coef=0.4 -> grpo_sft-sft_coef0.4."""
+        return self.name.replace(":", "-").replace(",", "-").replace("=", "")
+
+
+def parse_system(spec: str) -> System:
+    """`algo` or `algo:name=value[,name=value]` -> System; ValueError names what is wrong."""
+    from algos.config import Config
+
+    algo, colon, settings = spec.partition(":")
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algorithm {algo!r} in {spec!r} (one of {', '.join(ALGOS)})")
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    flags: list[str] = []
+    for setting in filter(None, settings.split(",")):
+        key, sep, value = setting.partition("=")
+        if not sep or key not in types or not value:
+            raise ValueError(f"{setting!r} in {spec!r} is not name=value with a trainer setting's name")
+        flag = key.replace("_", "-")
+        if types[key] in ("bool", bool):  # a switch on the command line: --name / --no-name
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{setting!r} in {spec!r}: {key} is true or false")
+            flags.append(f"--{flag}" if value.lower() == "true" else f"--no-{flag}")
+        else:
+            flags += [f"--{flag}", value]
+    if colon and not flags:
+        raise ValueError(f"{spec!r} names no setting after ':'")
+    return System(spec, algo, tuple(flags))
+
+
 def train(
-    algo: str, seed: int, budget: Budget, protocol: str, run_dir: Path, threads: int | None = None
+    algo: str,
+    seed: int,
+    budget: Budget,
+    protocol: str,
+    run_dir: Path,
+    threads: int | None = None,
+    flags: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Train one run to the end (or resume it), and return its summary (cached in run_dir/summary.json)."""
+    """Train one run to the end (or resume it), and return its summary (cached in run_dir/summary.json).
+
+    `flags` are the system's own trainer flags (after the budget's, so they decide).
+    """
     done = run_dir / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
@@ -125,6 +178,7 @@ def train(
         "--keep-checkpoints",
         "1",
         *budget.train_args,
+        *flags,
         *(["--torch-threads", str(threads)] if threads else []),
     ]
     if (run_dir / "checkpoints" / "latest").exists():  # a checkpoint was committed: continue from it
@@ -385,7 +439,7 @@ def write_tables(
         ]
         for r in runs:
             lines.append(
-                f"| {r['algo']}-seed{r['seed']} | {r['steps']} | {r['tokens_trained']:.0f} | "
+                f"| {r.get('system', r['algo'])}-seed{r['seed']} | {r['steps']} | {r['tokens_trained']:.0f} | "
                 f"{r.get('tokens_sampled', float('nan')):.0f} | {r['wall_time_s'] / 60:.1f} | "
                 f"{r['eval']['em']['mean']:.3f} | {r['eval']['f1']['mean']:.3f} | {r['eval']['answered']['mean']:.3f} |"
             )
@@ -394,7 +448,13 @@ def write_tables(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="Compare GRPO, GRPO + SFT and GRPO + RED on the same env.")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument(
+        "--algos",
+        nargs="+",
+        default=list(ALGOS),
+        metavar="SYSTEM",
+        help=f"systems to compare: {', '.join(ALGOS)}, or one with its own settings, e.g. grpo_sft:sft_coef=0.4",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every algorithm")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     parser.add_argument("--steps", type=int, default=None, help="override the budget's training steps")
@@ -414,6 +474,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="first run `python -m algos.sft` for N steps and start every run from its model",
     )
     args = parser.parse_args(argv)
+    try:
+        systems = [parse_system(spec) for spec in args.algos]
+    except ValueError as error:
+        parser.error(str(error))
 
     budget = BUDGETS[args.budget]
     if args.threads:
@@ -462,19 +526,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     evals_by_system: dict[str, list[dict[str, Any]]] = {}
     rows = []
     report_runs = []
-    for algo in args.algos:
+    for system in systems:
         evals, summaries = [], []
         for seed in range(args.seeds):
-            run_dir = out / "runs" / f"{algo}-seed{seed}"
-            summary = train(algo, seed, budget, args.protocol, run_dir, args.threads)
+            run_dir = out / "runs" / f"{system.slug}-seed{seed}"
+            summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
             summary.setdefault("tokens_sampled", _metric_total(run_dir, "tokens/sampled"))
-            result = evaluate_run(f"{algo}-seed{seed}", summary["final_model"], budget, config, out / "evals")
-            run_dirs.setdefault(algo, []).append(run_dir)
+            result = evaluate_run(f"{system.slug}-seed{seed}", summary["final_model"], budget, config, out / "evals")
+            run_dirs.setdefault(system.name, []).append(run_dir)
             evals.append(result)
             summaries.append(summary)
-            report_runs.append({**summary, "eval": result["metrics"]})
-        rows.append(_row(algo, evals, summaries))
-        evals_by_system[algo] = evals
+            report_runs.append({**summary, "system": system.name, "eval": result["metrics"]})
+        rows.append(_row(system.name, evals, summaries))
+        evals_by_system[system.name] = evals
     if not args.no_baseline:
         model: Any = config.model
         if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs

@@ -133,14 +133,28 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch)
         assert [json.loads(r)[key] for r in rows] == pytest.approx([r[key] for r in again], abs=1e-5)
 
 
-def test_regime_two_starts_every_run_and_the_baseline_from_one_shared_warm_start(tmp_path, monkeypatch):
+def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, monkeypatch):
+    """Every run and the baseline start from one shared SFT warm start; `grpo_sft:sft_coef=0.4` is GRPO + SFT with its
+    own weight, trained, scored, paired against RED and named as a system."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "cmp"
-    report = main(["--budget", "tiny", "--algos", "grpo", "--seeds", "1", "--warm-start-steps", "1", "--out", str(out)])
+    systems = ["red_grpo", "grpo_sft:sft_coef=0.4"]
+    report = main(
+        ["--budget", "tiny", "--algos", *systems, "--seeds", "1", "--warm-start-steps", "1", "--out", str(out)]
+    )
     warm = out / "runs" / "warm-start"
     assert len((warm / "metrics.jsonl").read_text().splitlines()) == 1  # the SFT warm start's one step
     assert (warm / "final" / "config.json").exists() and not (warm / "checkpoints").exists()
-    assert _trained_config(out / "runs" / "grpo-seed0").model == str(warm / "final")
-    assert str(warm / "final") in (out / "table.md").read_text()  # the header names the start model
-    baseline = json.loads((out / "evals" / "untrained.json").read_text())
-    assert baseline["n"] == 4 and report["rows"][-1]["algorithm"] == "start model, no RL (baseline)"
+    variant = _trained_config(out / "runs" / "grpo_sft-sft_coef0.4-seed0")
+    assert variant.algo == "grpo_sft" and variant.sft_coef == 0.4
+    assert _trained_config(out / "runs" / "red_grpo-seed0").sft_coef != 0.4
+    for run in ("red_grpo-seed0", "grpo_sft-sft_coef0.4-seed0"):
+        assert _trained_config(out / "runs" / run).model == str(warm / "final")
+    table = (out / "table.md").read_text()
+    assert str(warm / "final") in table  # the header names the start model
+    assert "| grpo_sft:sft_coef=0.4 | 1 |" in table and "| red_grpo - grpo_sft:sft_coef=0.4 | f1 |" in table
+    assert [row["algorithm"] for row in report["rows"]] == [*systems, "start model, no RL (baseline)"]
+    assert json.loads((out / "evals" / "untrained.json").read_text())["n"] == 4
+    for bad in ("grpo_sft:sft_coef", "grpo_sft:no_such_setting=1", "sft"):
+        with pytest.raises(SystemExit):
+            main(["--budget", "tiny", "--algos", bad, "--out", str(out)])
