@@ -27,14 +27,18 @@ trained with `--sft-coef 0.4` (settings `name=value`, comma-separated, any `Conf
 drawn as a system of its own, its runs in `runs/grpo_sft-sft_coef0.4-seed<s>/`.
 
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
-(`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`).
+(`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`). Invocations side
+by side (one per core) split the systems or seeds between them: one run is trained by one invocation at a time,
+and a second one that reaches it stops with an error naming it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import json
 import os
 import platform
@@ -43,7 +47,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +161,48 @@ def train(
     done = run_dir / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
+    with _claimed(run_dir):
+        if done.exists():  # finished by another invocation while this one waited for it
+            return json.loads(done.read_text())
+        return _train(algo, seed, budget, protocol, run_dir, threads, flags)
+
+
+@contextlib.contextmanager
+def _claimed(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir` for this process while it trains there; RuntimeError if another process holds it.
+
+    Two invocations side by side (the README's two streams, or a report command started while they run) must
+    never train one run at once: both would resume from the same checkpoint and write the same files. The claim
+    is an advisory lock on ``run_dir/.compare.lock``, released by the system when its process ends, however it
+    ends.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".compare.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise RuntimeError(
+                f"{run_dir} is being trained by another comparison (process {handle.read().strip() or '?'}): "
+                "give side-by-side invocations different --algos or --seeds, and run the report when they are done"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _train(
+    algo: str,
+    seed: int,
+    budget: Budget,
+    protocol: str,
+    run_dir: Path,
+    threads: int | None,
+    flags: Sequence[str],
+) -> dict[str, Any]:
+    """`train` once the run is this process's: the trainer subprocess, then the summary."""
+    done = run_dir / "summary.json"
     cmd = [
         sys.executable,
         "-m",

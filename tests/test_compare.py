@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import shutil
 import subprocess
@@ -120,7 +121,13 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch)
               "--eval-questions", "0", "--keep-checkpoints", "1"])  # fmt: skip
     first = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(first) == 1 and (run_dir / "checkpoints" / "latest").exists()
-    main(["--budget", "tiny", "--algos", "red_grpo", "--seeds", "1", "--no-baseline", "--out", str(out)])
+    argv = ["--budget", "tiny", "--algos", "red_grpo", "--seeds", "1", "--no-baseline", "--out", str(out)]
+    with open(run_dir / ".compare.lock", "a+") as held:  # another invocation is training this run right now
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError, match="being trained by another comparison"):
+            main(argv)
+    assert (run_dir / "metrics.jsonl").read_text().splitlines() == first  # untouched
+    main(argv)  # the lock died with its holder
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 and rows[0] == first[0]  # step 1 kept as it was, step 2 trained after the resume
 
