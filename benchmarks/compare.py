@@ -29,7 +29,9 @@ drawn as a system of its own, its runs in `runs/grpo_sft-sft_coef0.4-seed<s>/`.
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
 (`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`). Invocations side
 by side (one per core) split the systems or seeds between them: one run is trained by one invocation at a time,
-and a second one that reaches it stops with an error naming it.
+and a second one that reaches it stops with an error naming it. `--report-only` trains and scores nothing: it
+re-makes the report from the runs already finished and scored, naming the ones left out (safe beside running
+streams).
 """
 
 from __future__ import annotations
@@ -514,6 +516,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every training and evaluation")
     parser.add_argument("--init-model", default=None, help="start every run (and the baseline) from this model")
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train and evaluate nothing: the report over the runs already finished and scored (safe while others run)",
+    )
+    parser.add_argument(
         "--warm-start-steps",
         type=int,
         default=0,
@@ -541,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if args.warm_start_steps > 0:
         warm = out / "runs" / "warm-start"
+        if args.report_only and not (warm / "final").exists():
+            raise SystemExit(f"no warm start in {warm} yet: nothing of this regime to report")
         if not (warm / "final").exists():
             cmd = [
                 sys.executable,
@@ -572,20 +581,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     evals_by_system: dict[str, list[dict[str, Any]]] = {}
     rows = []
     report_runs = []
+    missing = []
     for system in systems:
         evals, summaries = [], []
         for seed in range(args.seeds):
             run_dir = out / "runs" / f"{system.slug}-seed{seed}"
-            summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
+            name = f"{system.slug}-seed{seed}"
+            if args.report_only:
+                if not (run_dir / "summary.json").exists() or not (out / "evals" / f"{name}.json").exists():
+                    missing.append(name)
+                    continue
+                summary = json.loads((run_dir / "summary.json").read_text())
+            else:
+                summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
             summary.setdefault("tokens_sampled", _metric_total(run_dir, "tokens/sampled"))
-            result = evaluate_run(f"{system.slug}-seed{seed}", summary["final_model"], budget, config, out / "evals")
+            result = evaluate_run(name, summary["final_model"], budget, config, out / "evals")
             run_dirs.setdefault(system.name, []).append(run_dir)
             evals.append(result)
             summaries.append(summary)
             report_runs.append({**summary, "system": system.name, "eval": result["metrics"]})
-        rows.append(_row(system.name, evals, summaries))
-        evals_by_system[system.name] = evals
-    if not args.no_baseline:
+        if evals:
+            rows.append(_row(system.name, evals, summaries))
+            evals_by_system[system.name] = evals
+    if args.report_only and not args.no_baseline and not (out / "evals" / "untrained.json").exists():
+        missing.append("untrained")
+    elif not args.no_baseline:
         model: Any = config.model
         if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
             from agents.models import tiny_model
@@ -594,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         base = evaluate_run("untrained", model, budget, config, out / "evals")
         rows.append(_row("start model, no RL (baseline)", [base], []))
         evals_by_system["start model"] = [base]
+    if not evals_by_system:
+        raise SystemExit(f"nothing finished in {out} to report (missing: {', '.join(missing)})")
     reference = "red_grpo" if "red_grpo" in evals_by_system else next(iter(evals_by_system))
     paired = paired_tests(evals_by_system, reference)
 
@@ -616,6 +638,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
         f"Wall time of this invocation: {wall / 60:.1f} min (finished trainings and evaluations are read, not redone)."
     )
+    if missing:
+        header += f" Not finished yet, left out of this report: {', '.join(missing)}."
+        print(f"[compare] not finished, left out: {', '.join(missing)}", flush=True)
     write_tables(rows, out, header, paired, report_runs)
     plots = plot(run_dirs, out)
     report = {

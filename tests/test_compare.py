@@ -88,6 +88,13 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     main(argv)
     assert (summary.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
 
+    # --report-only: the report over what is finished, training and scoring nothing (a third seed is not there yet)
+    report = main([*argv, "--seeds", "3", "--report-only"])
+    assert not (out / "runs" / "grpo-seed2").exists() and [r["seeds"] for r in report["rows"]] == [2, 2, 1]
+    assert "left out of this report: grpo-seed2, red_grpo-seed2." in (out / "table.md").read_text()
+    with pytest.raises(SystemExit, match="nothing finished"):
+        main(["--budget", "tiny", "--algos", "grpo_sft", "--no-baseline", "--report-only", "--out", str(out)])
+
 
 def test_a_coda_comparison_evaluates_in_the_env_it_trained_in(tmp_path, monkeypatch):
     """The whole pipeline in CoDA; every evaluation's turn limits, context length and tokens per turn are the runs'."""
