@@ -13,7 +13,8 @@ questions whose answer is yes or no are set aside (their answer never stands in 
 - *not shown*: a later search has to find it (the bridge entity named in a second query), so F1 there measures
   searching;
 
-with the share of episodes that searched more than once in each part. An evaluation is a main job's ``eval.json``
+with the share of episodes that searched more than once in each part, and, where the first search missed the
+answer, the share whose own later queries (replayed the same way) showed it. An evaluation is a main job's ``eval.json``
 (its ``after`` and ``before`` results) or one result written by `benchmarks.evaluate` / `benchmarks.compare`
 (``evals/<run>.json``). Retrieval only: no model is loaded.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from benchmarks.stats import mean_ci
 from envs.rewards import normalize_answer
 
 YES_NO = ("yes", "no")
+_SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 
 
 def results_in(path: Path) -> dict[str, dict[str, Any]]:
@@ -40,28 +43,35 @@ def results_in(path: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: data}
 
 
-def first_search_shows(result: dict[str, Any]) -> dict[int, bool]:
-    """For each question of `result` (by dataset index): does the question-as-query search show a gold answer?"""
+def searches_show(result: dict[str, Any]) -> tuple[dict[int, bool], dict[int, bool]]:
+    """Per question of `result` (by dataset index): does the question-as-query search show a gold answer, and does
+    one of the agent's own later queries (its second search on) show one?"""
     import gymnasium as gym
 
     import envs  # noqa: F401  (registers the env ids)
 
     kwargs = {**result["settings"]["env_kwargs"], "protocol": "flat"}  # the executor's searches are the flat agent's
     env = gym.make("RedCoda-HotpotQA-v0", **kwargs)
-    shown = {}
+
+    def shows(index: int, query: str) -> bool:
+        env.reset(options={"index": index})  # each query on its own: the turn limit never cuts a replay short
+        observation, *_ = env.step(f"<search>{query}</search>")
+        text = f" {normalize_answer(observation)} "
+        return any(f" {normalize_answer(answer)} " in text for answer in env.unwrapped.examples[index].answers)
+
+    first, later = {}, {}
     for prediction in result["predictions"]:
         index = prediction["index"]
-        env.reset(options={"index": index})
-        example = env.unwrapped.examples[index]
-        observation, *_ = env.step(f"<search>{example.question}</search>")
-        text = f" {normalize_answer(observation)} "
-        shown[index] = any(f" {normalize_answer(answer)} " in text for answer in example.answers)
+        queries = [q for action in prediction.get("actions", []) for q in _SEARCH.findall(action)]
+        first[index] = shows(index, env.unwrapped.examples[index].question)
+        later[index] = any(shows(index, query) for query in queries[1:])
     env.close()
-    return shown
+    return first, later
 
 
-def split(result: dict[str, Any], shown: dict[int, bool]) -> dict[str, dict[str, float]]:
-    """F1 (mean and 95% CI), questions and the share that searched more than once, per part of `result`."""
+def split(result: dict[str, Any], shown: dict[int, bool], later: dict[int, bool]) -> dict[str, dict[str, float]]:
+    """F1 (mean and 95% CI), questions, the share that searched more than once and the share whose later search
+    showed the answer, per part of `result`."""
     parts: dict[str, list[dict[str, Any]]] = {"shown": [], "not shown": [], "yes/no": []}
     for p in result["predictions"]:
         yes_no = normalize_answer(p["gold_answers"][0]) in YES_NO
@@ -70,29 +80,34 @@ def split(result: dict[str, Any], shown: dict[int, bool]) -> dict[str, dict[str,
     for name, predictions in parts.items():
         f1 = mean_ci([p["f1"] for p in predictions])
         searched_again = sum(p["num_searches"] >= 2 for p in predictions) / max(1, len(predictions))
+        found_later = sum(later[p["index"]] for p in predictions) / max(1, len(predictions))
         out[name] = {
             "n": len(predictions),
             "f1": f1.mean,
             "low": f1.low,
             "high": f1.high,
             "searched_again": searched_again,
+            "found_later": found_later,
         }
     return out
 
 
 def table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
-    """Markdown: one line per evaluation, F1 [95% CI] and searched-again share per part."""
+    """Markdown: one line per evaluation; per part n, F1 [95% CI], the shares that searched again, found it later."""
     lines = [
-        "| evaluation | answer shown by the first search: n, F1 [95% CI], searched again | not shown | yes/no: n, F1 |",
+        "| evaluation | answer shown by the first search: n, F1 [95% CI], searched again | not shown: n, F1 [95% CI],"
+        " searched again, a later search of its own showed it | yes/no: n, F1 |",
         "|---|---|---|---|",
     ]
     for name, parts in rows.items():
+        shown, hidden, yes_no = parts["shown"], parts["not shown"], parts["yes/no"]
         cells = [
             f"{p['n']}, {p['f1']:.3f} [{p['low']:.3f}, {p['high']:.3f}], {p['searched_again']:.2f}"
-            for p in (parts["shown"], parts["not shown"])
+            for p in (shown, hidden)
         ]
-        yes_no = parts["yes/no"]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {yes_no['n']}, {yes_no['f1']:.3f} |")
+        lines.append(
+            f"| {name} | {cells[0]} | {cells[1]}, {hidden['found_later']:.2f} | {yes_no['n']}, {yes_no['f1']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -100,14 +115,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, flo
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("evaluations", nargs="+", type=Path, help="eval.json of a main job, or evaluation results")
     args = parser.parse_args(argv)
-    rows: dict[str, dict[str, dict[str, float]]] = {}
-    cache: dict[str, dict[int, bool]] = {}
+    rows = {}
     for path in args.evaluations:
         for name, result in results_in(path).items():
-            key = json.dumps(result["settings"]["env_kwargs"], sort_keys=True)
-            if key not in cache or not set(p["index"] for p in result["predictions"]) <= cache[key].keys():
-                cache[key] = {**cache.get(key, {}), **first_search_shows(result)}
-            rows[name] = split(result, cache[key])
+            rows[name] = split(result, *searches_show(result))
     print(table(rows))
     return rows
 

@@ -88,34 +88,40 @@ def test_evaluate_scores_every_question(agent, tiny, bm25, tmp_path):
 
 
 def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, capsys):
-    """Dev 1's answer stands in what its question-as-query search shows ("Carver Dana Andrews", Doc 2), dev 3's does
-    not (Boyzone's record sales are in no passage the question finds); dev 9 is a yes/no question."""
+    """Dev 1's answer stands in what its question-as-query search shows ("Carver Dana Andrews", Doc 2); dev 3's and
+    dev 56's do not, but dev 56's second query ("Chris Wood") shows it ("New Zealand national team"), dev 3's second
+    ("Boyzone") does not; dev 9 is a yes/no question."""
     from algos.config import preset_config
     from algos.evaluation import held_out_settings
     from benchmarks.first_search import main as first_search
 
     settings = held_out_settings(preset_config("cpu", protocol="flat"))
+
+    def searches(*queries):
+        return [f"<think>I need to search.</think>\n<search>{q}</search>" for q in queries]
+
     predictions = [
-        {"index": 1, "gold_answers": ["Carver Dana Andrews"], "f1": 1.0, "num_searches": 1},
-        {"index": 3, "gold_answers": ["25 million"], "f1": 0.0, "num_searches": 2},
-        {"index": 9, "gold_answers": ["yes"], "f1": 1.0, "num_searches": 1},
-    ]
+        {"index": 1, "gold_answers": ["Carver Dana Andrews"], "f1": 1.0, "num_searches": 1, "actions": searches("x")},
+        {"index": 3, "gold_answers": ["25 million"], "f1": 0.0, "num_searches": 2, "actions": searches("x", "Boyzone")},
+        {"index": 56, "gold_answers": ["New Zealand national team"], "f1": 0.0, "num_searches": 2,
+         "actions": searches("x", "Chris Wood")},
+        {"index": 9, "gold_answers": ["yes"], "f1": 1.0, "num_searches": 1, "actions": searches("x")},
+    ]  # fmt: skip
     run = tmp_path / "run"
     run.mkdir()
+    before = [{**p, "f1": 0.0, "num_searches": 0, "actions": []} for p in predictions]
     (run / "eval.json").write_text(
         json.dumps(
             {
                 "after": {"settings": settings, "predictions": predictions},
-                "before": {
-                    "settings": settings,
-                    "predictions": [{**p, "f1": 0.0, "num_searches": 0} for p in predictions],
-                },
+                "before": {"settings": settings, "predictions": before},
             }
         )  # fmt: skip
     )
     rows = first_search([str(run / "eval.json")])
     trained, start = rows["run (trained)"], rows["run (start)"]
     assert (trained["shown"]["n"], trained["shown"]["f1"], trained["shown"]["searched_again"]) == (1, 1.0, 0.0)
-    assert (trained["not shown"]["n"], trained["not shown"]["f1"], trained["not shown"]["searched_again"]) == (1, 0, 1)
-    assert trained["yes/no"]["n"] == 1 and start["shown"]["f1"] == 0.0
+    hidden = trained["not shown"]
+    assert (hidden["n"], hidden["f1"], hidden["searched_again"], hidden["found_later"]) == (2, 0.0, 1.0, 0.5)
+    assert trained["yes/no"]["n"] == 1 and start["shown"]["f1"] == 0.0 and start["not shown"]["found_later"] == 0.0
     assert "| run (trained) | 1, 1.000" in capsys.readouterr().out
