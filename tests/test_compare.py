@@ -73,6 +73,8 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     expected = sum((red[0][q] + red[1][q]) / 2 - (grpo[0][q] + grpo[1][q]) / 2 for q in red[0]) / 4
     assert test["questions"] == 4 and test["difference"] == pytest.approx(expected)
     assert 0 < test["p"] <= 1 and "| red_grpo - grpo | f1 |" in table
+    without = next(t for t in report["paired"] if t["other"] == "grpo" and t["metric"] == "f1 without yes/no")
+    assert without["questions"] == 4  # dev 0-3: no yes/no question among them, so the same test
     assert {t["other"] for t in report["paired"]} == {"grpo", "start model"}
     red_rows = [json.loads(x) for x in (out / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(red_rows) == 2 and "red/final_weight" in red_rows[-1]
@@ -172,3 +174,17 @@ def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, mon
     for bad in ("grpo_sft:sft_coef", "grpo_sft:no_such_setting=1", "sft"):
         with pytest.raises(SystemExit):
             main(["--budget", "tiny", "--algos", bad, "--out", str(out)])
+
+
+def test_the_paired_f1_without_yes_no_questions_leaves_exactly_them_out():
+    from benchmarks.compare import paired_tests
+
+    def scored(f1s):  # questions 0 and 2 are yes/no
+        golds = ("yes", "Paris", "No", "Rome")
+        return [{"predictions": [{"id": str(i), "gold_answers": [g], "f1": f, "em": f, "answered": 1.0}
+                                 for i, (g, f) in enumerate(zip(golds, f1s, strict=True))]}]  # fmt: skip
+
+    tests = paired_tests({"red_grpo": scored([1, 1, 1, 0]), "grpo": scored([0, 0, 0, 0])}, "red_grpo")
+    by_metric = {t["metric"]: t for t in tests}
+    assert (by_metric["f1"]["questions"], by_metric["f1"]["difference"]) == (4, 0.75)
+    assert (by_metric["f1 without yes/no"]["questions"], by_metric["f1 without yes/no"]["difference"]) == (2, 0.5)
