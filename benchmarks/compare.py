@@ -166,7 +166,51 @@ def train(
     with _claimed(run_dir):
         if done.exists():  # finished by another invocation while this one waited for it
             return json.loads(done.read_text())
-        return _train(algo, seed, budget, protocol, run_dir, threads, flags)
+        cmd = [
+            sys.executable,
+            "-m",
+            f"algos.{algo}",
+            "--preset",
+            budget.preset,
+            "--seed",
+            str(seed),
+            "--steps",
+            str(budget.steps_for(protocol)),
+            "--protocol",
+            protocol,
+            "--run-dir",
+            str(run_dir),
+            "--eval-questions",
+            "0",  # every final model is scored below, on the same questions, with the same settings
+            # one checkpoint per run is enough to resume (each is written atomically): SmolLM2-135M's weights and
+            # AdamW state are 1.6 GB, so the preset's 3 per run would take ~90 GB over the 18 runs of both regimes
+            "--keep-checkpoints",
+            "1",
+            *budget.train_args,
+            *flags,
+            *(["--torch-threads", str(threads)] if threads else []),
+        ]
+        if (run_dir / "checkpoints" / "latest").exists():  # a checkpoint was committed: continue from it
+            cmd.append("--resume")
+        start = time.perf_counter()
+        print(f"[compare] {shlex.join(cmd)}", flush=True)
+        subprocess.run(cmd, check=True)
+        rows = _metrics(run_dir)
+        summary = {
+            "algo": algo,
+            "seed": seed,
+            "steps": len(rows),
+            "wall_time_s": float(rows[-1].get("time/elapsed", time.perf_counter() - start)),
+            "tokens_trained": _metric_total(run_dir, "tokens/trained"),
+            "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
+            "final_model": str(run_dir / "final"),
+            "code": code_version(),
+            "config": _trained_config(run_dir),
+        }
+        done.write_text(json.dumps(summary, indent=2))
+        if (run_dir / "final").exists():  # finished: the final model is what is evaluated, nothing left to resume
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # 1.6 GB per SmolLM2-135M run
+        return summary
 
 
 @contextlib.contextmanager
@@ -192,64 +236,6 @@ def _claimed(run_dir: Path) -> Iterator[None]:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
-
-
-def _train(
-    algo: str,
-    seed: int,
-    budget: Budget,
-    protocol: str,
-    run_dir: Path,
-    threads: int | None,
-    flags: Sequence[str],
-) -> dict[str, Any]:
-    """`train` once the run is this process's: the trainer subprocess, then the summary."""
-    done = run_dir / "summary.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        f"algos.{algo}",
-        "--preset",
-        budget.preset,
-        "--seed",
-        str(seed),
-        "--steps",
-        str(budget.steps_for(protocol)),
-        "--protocol",
-        protocol,
-        "--run-dir",
-        str(run_dir),
-        "--eval-questions",
-        "0",  # every final model is scored below, on the same questions, with the same settings
-        # one checkpoint per run is enough to resume (each is written atomically): SmolLM2-135M's weights and AdamW
-        # state are 1.6 GB, so the preset's 3 per run would take ~90 GB over the 18 runs of both regimes and protocols
-        "--keep-checkpoints",
-        "1",
-        *budget.train_args,
-        *flags,
-        *(["--torch-threads", str(threads)] if threads else []),
-    ]
-    if (run_dir / "checkpoints" / "latest").exists():  # a checkpoint was committed: continue from it
-        cmd.append("--resume")
-    start = time.perf_counter()
-    print(f"[compare] {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
-    rows = _metrics(run_dir)
-    summary = {
-        "algo": algo,
-        "seed": seed,
-        "steps": len(rows),
-        "wall_time_s": float(rows[-1].get("time/elapsed", time.perf_counter() - start)),
-        "tokens_trained": _metric_total(run_dir, "tokens/trained"),
-        "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
-        "final_model": str(run_dir / "final"),
-        "code": code_version(),
-        "config": _trained_config(run_dir),
-    }
-    done.write_text(json.dumps(summary, indent=2))
-    if (run_dir / "final").exists():  # finished: the final model is what is evaluated, nothing left to resume
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # 1.6 GB per SmolLM2-135M run
-    return summary
 
 
 def _trained_config(run_dir: Path) -> dict[str, Any] | None:
@@ -606,8 +592,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for system in systems:
         evals, summaries = [], []
         for seed in range(args.seeds):
-            run_dir = out / "runs" / f"{system.slug}-seed{seed}"
             name = f"{system.slug}-seed{seed}"
+            run_dir = out / "runs" / name
             if args.report_only:
                 if not (run_dir / "summary.json").exists() or not (out / "evals" / f"{name}.json").exists():
                     missing.append(name)
