@@ -156,6 +156,10 @@ class Config:
     lr_schedule: Literal["constant", "linear"] = "constant"
     """constant, or linear: decays from lr to lr / 10 over the run, which ends at --steps or at
     --max-train-minutes, whichever comes first (so a time-bounded run ends on small, settling updates)."""
+    weight_average: float | None = None
+    """Decay of an exponential moving average of the trainable weights, updated after every step (its first steps
+    average over fewer: the decay is min(weight_average, (1 + step) / (10 + step))); the final model and the held-out
+    evaluation are the average. None: the last step's weights."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -539,6 +543,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("tie_probe_questions", at_least(1), ">= 1"),
     ("max_train_minutes", positive, "> 0"),
     ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
+    ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
     ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
     ("eval_batch_size", at_least(1), ">= 1"),
     ("group_size", at_least(1), ">= 1"),

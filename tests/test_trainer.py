@@ -260,3 +260,61 @@ def test_a_metrics_row_lost_after_its_checkpoint_comes_back_on_resume(tmp_path):
     finally:
         resumed.close()
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+
+def test_the_weight_average_is_the_final_model_and_resumes_exactly(tmp_path):
+    """--weight-average: the final weights are the moving average of every step's weights (its decay warming up as
+    documented), the steps themselves train the un-averaged weights, and a resumed run ends with the same average."""
+    decay = 0.5
+    straight = _trainer(tmp_path, "straight", algo="red_grpo", steps=3, save_every=0, weight_average=decay)
+    try:
+        expected = _params(straight)
+        for metrics in straight.steps():
+            step, now = metrics["step"], _params(straight)
+            d = min(decay, (1 + step) / (10 + step))
+            expected = {name: d * expected[name] + (1 - d) * now[name] for name in expected}
+        last = _params(straight)
+        straight.use_average()
+        averaged = _params(straight)
+    finally:
+        straight.close()
+    for name, value in expected.items():
+        torch.testing.assert_close(averaged[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    assert any(not torch.equal(last[name], averaged[name]) for name in last)  # the average is not the last step
+
+    first = _trainer(tmp_path, "resumed", algo="red_grpo", steps=2, save_every=0, weight_average=decay)
+    try:
+        list(first.steps())
+        first.save()
+        with first.averaged_weights():  # swapped in and back: the training weights are untouched
+            pass
+        kept = _params(first)
+    finally:
+        first.close()
+    resumed = _trainer(tmp_path, "resumed", algo="red_grpo", steps=3, resume=True, weight_average=decay)
+    try:
+        assert all(torch.equal(p, kept[name]) for name, p in _params(resumed).items())
+        list(resumed.steps())
+        resumed.use_average()
+        got = _params(resumed)
+    finally:
+        resumed.close()
+    for name, value in averaged.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_run_with_a_weight_average_saves_and_scores_the_average(tmp_path):
+    """The whole run (train): final/ holds the averaged weights, not the last step's."""
+    from agents.models import load_model
+
+    trainer = _trainer(tmp_path, "run", algo="grpo_sft", steps=2, weight_average=0.9, eval_questions=0)
+    try:
+        summary = trainer.train()
+        names = [name for name, p in trainer.policy.named_parameters() if p.requires_grad]
+        averaged = {name: t.detach().clone() for name, t in zip(names, trainer.average, strict=True)}
+    finally:
+        trainer.close()
+    model, _ = load_model(summary["final_model"])
+    state = model.state_dict()
+    for name, value in averaged.items():
+        torch.testing.assert_close(state[name], value, msg=name)
