@@ -43,14 +43,13 @@ import numpy as np
 from agents.records import Completion, SamplingParams, Trajectory
 from agents.search_agents import ContextAgent, _Slot
 from envs.data import QAExample
-from envs.rewards import normalize_answer
+from envs.rewards import is_yes_no, normalize_answer
 
 _DOC = re.compile(r'Doc \d+ ?\(Title: "(.*?)"\) (.*)')
 """One passage of an observation, to the end of its line (the first one starts after ``<information>``), in either
 observation format: ours (``Doc 1 (Title: "..") text``) or Search-R1's (``Doc 1(Title: "..") text``: the title as the
 corpus line has it, quoted in the bundled corpus and in Search-R1's)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-_YES_NO = ("yes", "no")
 
 
 @dataclass
@@ -181,7 +180,7 @@ class OracleAgent(ContextAgent):
     def _plan_next(self, plan: _Plan, example: QAExample) -> str:
         evidence = " ".join(plan.results)
         if plan.results and _contains(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
-            plan.grounded = _contains(evidence, example.answer) or normalize_answer(example.answer) in _YES_NO
+            plan.grounded = _contains(evidence, example.answer) or is_yes_no(example.answer)
             return self._written_answer(evidence, example.answer)
         if not plan.tasks:
             task = example.question
@@ -223,7 +222,7 @@ class OracleAgent(ContextAgent):
 
     def _evidence(self, plan: _Plan, example: QAExample) -> str | None:
         """The quote the answer is read from, or None while the shown passages do not hold it."""
-        if normalize_answer(example.answer) in _YES_NO:  # a comparison: quote the opening of each gold passage
+        if is_yes_no(example.answer):  # a comparison: quote the opening of each gold passage
             golds = [t for t in example.gold_titles if t in plan.shown]
             if not golds or (len(golds) < len(example.gold_titles) and plan.searches < self.max_searches):
                 return None

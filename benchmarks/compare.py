@@ -400,13 +400,9 @@ def paired_tests(
     Each system's per-question score averages its seeds, so the test asks whether the algorithm (not one
     run) does better on these questions. Raises ValueError when the systems were scored on different questions.
     """
-    from envs.rewards import normalize_answer
+    from envs.rewards import is_yes_no
 
-    yes_no = {
-        str(p["id"])
-        for p in evals[reference][0]["predictions"]
-        if normalize_answer(p["gold_answers"][0]) in ("yes", "no")
-    }
+    yes_no = {str(p["id"]) for p in evals[reference][0]["predictions"] if is_yes_no(p["gold_answers"][0])}
     rows = []
     for other, other_evals in evals.items():
         if other == reference:

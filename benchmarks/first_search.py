@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stats import mean_ci
-from envs.rewards import normalize_answer
+from envs.rewards import is_yes_no, normalize_answer
 
-YES_NO = ("yes", "no")
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 
 
@@ -74,7 +73,7 @@ def split(result: dict[str, Any], shown: dict[int, bool], later: dict[int, bool]
     showed the answer, per part of `result`."""
     parts: dict[str, list[dict[str, Any]]] = {"shown": [], "not shown": [], "yes/no": []}
     for p in result["predictions"]:
-        yes_no = normalize_answer(p["gold_answers"][0]) in YES_NO
+        yes_no = is_yes_no(p["gold_answers"][0])
         parts["yes/no" if yes_no else "shown" if shown[p["index"]] else "not shown"].append(p)
     out = {}
     for name, predictions in parts.items():

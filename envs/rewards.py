@@ -34,6 +34,11 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def is_yes_no(answer: str) -> bool:
+    """Whether a (gold) answer is yes or no after normalization: a comparison question's, never read off a passage."""
+    return normalize_answer(answer) in ("yes", "no")
+
+
 def _f1_single(prediction: str, gold: str) -> float:
     pred, truth = normalize_answer(prediction), normalize_answer(gold)
     if (pred in _SPECIAL or truth in _SPECIAL) and pred != truth:

@@ -23,6 +23,8 @@ from algos.trainer import Trainer
 
 LR = 1e-4
 """AdamW's learning rate: each weight moves by up to about this much per step."""
+AVERAGE = 0.5
+"""The red_grpo runs end with a weight average (--weight-average) of this decay: the ranks must average alike."""
 ADAM_EPS = 1e-6
 """AdamW's eps, over its 1e-8 default. The ranks sum their micro-batches in another order (and with other
 padding) than one process, so a gradient component differs by float32 rounding, ~1e-8 where large terms
@@ -108,13 +110,18 @@ def ppo_fsdp(run_dir: Path) -> None:
 
 
 def red_grpo(run_dir: Path) -> None:
-    """GRPO + RED, 2 steps."""
-    _train(VaryingRewards(preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)))
+    """GRPO + RED, 2 steps, its final model the weight average (``--weight-average``)."""
+    config = preset_config(
+        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, weight_average=AVERAGE
+    )
+    _train(VaryingRewards(config))
 
 
 def red_grpo_resumed(run_dir: Path) -> None:
-    """GRPO + RED: 1 step, stop, then --resume to step 2."""
-    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0)
+    """GRPO + RED: 1 step, stop, then --resume to step 2 (the weight average resumes too)."""
+    config = preset_config(
+        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, weight_average=AVERAGE
+    )
     _train(VaryingRewards(dataclasses.replace(config, steps=1)))
     _train(VaryingRewards(dataclasses.replace(config, resume=True)))
 
@@ -122,7 +129,9 @@ def red_grpo_resumed(run_dir: Path) -> None:
 def red_grpo_fsdp_resumed(run_dir: Path) -> None:
     """`red_grpo_resumed` with the model sharded (``--fsdp``); the run directory after step 1 is kept as
     ``<run_dir>_step1``, for a resume by another number of processes."""
-    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=True)
+    config = preset_config(
+        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=True, weight_average=AVERAGE
+    )
     _train(VaryingRewards(dataclasses.replace(config, steps=1)))
     import torch.distributed as dist
 

@@ -126,11 +126,13 @@ def test_resume_in_two_processes_continues_exactly(name, two_processes, one_proc
 def test_a_sharded_checkpoint_resumes_in_one_process(two_processes, one_process, tmp_path, one_torch_thread):
     """The state is the global batch's (data order, per-episode seeds, whole weights and AdamW state), so a run
     resumes with another number of ranks: here step 1 of two sharded processes, resumed by one process."""
-    from distributed_runs import LR, VaryingRewards, _train
+    from distributed_runs import AVERAGE, LR, VaryingRewards, _train
 
     run_dir = tmp_path / "red"
     shutil.copytree(two_processes / "red_grpo_fsdp_resumed_step1", run_dir)
-    config = preset_config("tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, resume=True)
+    config = preset_config(
+        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, resume=True, weight_average=AVERAGE
+    )
     _train(VaryingRewards(config))  # the checkpoint's fsdp=True may change: one process has nothing to shard
     _assert_same_weights(one_process("red_grpo"), run_dir)
     assert [r["step"] for r in _rows(run_dir)] == [1, 2]

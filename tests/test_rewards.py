@@ -81,3 +81,10 @@ def test_episode_reward_formula_and_weights():
 def test_title_recall():
     assert title_recall(["Ed Wood", "x"], ["ed wood", "Scott Derrickson"]) == 0.5
     assert title_recall([], []) == 0.0
+
+
+def test_is_yes_no_reads_the_normalized_answer():
+    from envs.rewards import is_yes_no
+
+    assert is_yes_no("Yes") and is_yes_no(" no. ") and is_yes_no("YES!")
+    assert not is_yes_no("Norway") and not is_yes_no("yes and no") and not is_yes_no("noanswer")
