@@ -396,8 +396,7 @@ class TrainingRun:
             else:
                 logger.warning("%s holds no weight average: the average starts from its weights", path)
                 distributed.load_full_state_dict(self.policy, weights)
-            with torch.no_grad():
-                torch._foreach_copy_(self.average, self._averaged_parameters())
+            _copy_each(self.average, self._averaged_parameters())
         unexpected = distributed.load_full_state_dict(self.policy, weights)  # under --fsdp each rank keeps its shard
         if unexpected:
             raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
@@ -473,8 +472,9 @@ class TrainingRun:
         if self.average is None:
             return
         decay = min(float(self.config.weight_average), (1 + self.step) / (10 + self.step))
-        with torch.no_grad():
-            torch._foreach_lerp_(self.average, self._averaged_parameters(), 1.0 - decay)
+        with torch.no_grad():  # tensor by tensor: DTensor shards (--fsdp) have no rule for torch's _foreach_ ops
+            for kept, p in zip(self.average, self._averaged_parameters(), strict=True):
+                kept.lerp_(p, 1.0 - decay)
 
     @contextlib.contextmanager
     def averaged_weights(self) -> Iterator[None]:
@@ -483,20 +483,17 @@ class TrainingRun:
             yield
             return
         params = self._averaged_parameters()
-        with torch.no_grad():
-            own = [p.detach().clone() for p in params]
-            torch._foreach_copy_(params, self.average)
+        own = [p.detach().clone() for p in params]
+        _copy_each(params, self.average)
         try:
             yield
         finally:
-            with torch.no_grad():
-                torch._foreach_copy_(params, own)
+            _copy_each(params, own)
 
     def use_average(self) -> None:
         """Make the averaged weights the policy's own for good (the run's end: the final model, the evaluation)."""
         if self.average is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(self._averaged_parameters(), self.average)
+            _copy_each(self._averaged_parameters(), self.average)
             self.collector.update_policy_weights_()
 
     def save_final_model(self) -> Path | None:
@@ -679,6 +676,13 @@ class TrainingRun:
             self._wandb = None
         self.ddp = None
         distributed.shutdown()
+
+
+def _copy_each(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """targets[i].copy_(sources[i]) for each i (no gradient), tensor by tensor so that DTensor shards work too."""
+    with torch.no_grad():
+        for target, source in zip(targets, sources, strict=True):
+            target.copy_(source)
 
 
 def lr_factor(schedule: str, done: float) -> float:
