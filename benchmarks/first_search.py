@@ -14,7 +14,10 @@ questions whose answer is yes or no are set aside (their answer never stands in 
   searching;
 
 with the share of episodes that searched more than once in each part, and, where the first search missed the
-answer, the share whose own later queries (replayed the same way) showed it. An evaluation is a main job's ``eval.json``
+answer, the share whose own later queries (replayed the same way) showed it. A second table splits F1 by the
+dataset's question type (`KINDS`): bridge questions; comparisons whose answer is one of the two entities the question
+names ("Who is older, A or B?": picking either scores 0.5 on average); other comparisons ("What type of plant are A
+and B?"); yes/no. An evaluation is a main job's ``eval.json``
 (its ``after`` and ``before`` results) or one result written by `benchmarks.evaluate` / `benchmarks.compare`
 (``evals/<run>.json``). Retrieval only: no model is loaded.
 """
@@ -91,6 +94,56 @@ def split(result: dict[str, Any], shown: dict[int, bool], later: dict[int, bool]
     return out
 
 
+KINDS = ("bridge", "comparison: one of the two named", "comparison: other", "yes/no")
+"""The parts of `by_kind`: HotpotQA's question types, its comparisons split by whether the answer is one of the
+entities the question names (picking one of two: a coin flip scores 0.5) and yes/no set apart."""
+
+
+def question_kinds(result: dict[str, Any]) -> dict[int, str]:
+    """Per question of `result` (by dataset index), its part of `KINDS`, from the dataset's own question type."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the env ids)
+
+    env = gym.make("RedCoda-HotpotQA-v0", **{**result["settings"]["env_kwargs"], "protocol": "flat"})
+    examples = env.unwrapped.examples
+    env.close()
+    kinds = {}
+    for prediction in result["predictions"]:
+        example = examples[prediction["index"]]
+        if is_yes_no(example.answer):
+            kinds[prediction["index"]] = "yes/no"
+        elif example.type != "comparison":
+            kinds[prediction["index"]] = "bridge"
+        else:
+            named = f" {normalize_answer(example.answer)} " in f" {normalize_answer(example.question)} "
+            kinds[prediction["index"]] = KINDS[1] if named else KINDS[2]
+    return kinds
+
+
+def by_kind(result: dict[str, Any], kinds: dict[int, str]) -> dict[str, dict[str, float]]:
+    """F1 (mean and 95% CI) and questions per part of `KINDS` (parts without a question are left out)."""
+    out = {}
+    for kind in KINDS:
+        f1s = [p["f1"] for p in result["predictions"] if kinds[p["index"]] == kind]
+        if f1s:
+            f1 = mean_ci(f1s)
+            out[kind] = {"n": len(f1s), "f1": f1.mean, "low": f1.low, "high": f1.high}
+    return out
+
+
+def kinds_table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
+    """Markdown: one line per evaluation; per question kind n and F1 [95% CI]."""
+    lines = ["| evaluation | " + " | ".join(f"{kind}: n, F1 [95% CI]" for kind in KINDS) + " |", "|---" * 5 + "|"]
+    for name, parts in rows.items():
+        cells = [
+            f"{p['n']}, {p['f1']:.3f} [{p['low']:.3f}, {p['high']:.3f}]" if (p := parts.get(kind)) else "-"
+            for kind in KINDS
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
     """Markdown: one line per evaluation; per part n, F1 [95% CI], the shares that searched again, found it later."""
     lines = [
@@ -110,16 +163,19 @@ def table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("evaluations", nargs="+", type=Path, help="eval.json of a main job, or evaluation results")
     args = parser.parse_args(argv)
-    rows = {}
+    rows, kinds = {}, {}
     for path in args.evaluations:
         for name, result in results_in(path).items():
             rows[name] = split(result, *searches_show(result))
+            kinds[name] = by_kind(result, question_kinds(result))
     print(table(rows))
-    return rows
+    print()
+    print(kinds_table(kinds))
+    return {name: {**parts, "by kind": kinds[name]} for name, parts in rows.items()}
 
 
 if __name__ == "__main__":

@@ -124,4 +124,16 @@ def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, 
     hidden = trained["not shown"]
     assert (hidden["n"], hidden["f1"], hidden["searched_again"], hidden["found_later"]) == (2, 0.0, 1.0, 0.5)
     assert trained["yes/no"]["n"] == 1 and start["shown"]["f1"] == 0.0 and start["not shown"]["found_later"] == 0.0
-    assert "| run (trained) | 1, 1.000" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| run (trained) | 1, 1.000" in printed
+    # by question type: dev 1, 3 and 56 are bridge questions, dev 9 a yes/no comparison; dev 2 ("Which is a French
+    # documentary, The Seine Meets Paris and Great Old Amusement Parks?") names its answer, dev 20 ("plants") not
+    kinds = trained["by kind"]
+    assert kinds["bridge"]["n"] == 3 and kinds["bridge"]["f1"] == pytest.approx(1 / 3) and kinds["yes/no"]["n"] == 1
+    assert "comparison: one of the two named" not in kinds
+    assert "| run (trained) | 3, 0.333 [" in printed
+    from benchmarks.first_search import by_kind, question_kinds
+
+    more = {"settings": settings, "predictions": [{"index": 2, "f1": 0.5}, {"index": 20, "f1": 0.0}]}
+    assert question_kinds(more) == {2: "comparison: one of the two named", 20: "comparison: other"}
+    assert by_kind(more, question_kinds(more))["comparison: one of the two named"]["f1"] == 0.5
