@@ -6,8 +6,9 @@ Tags only the env writes: <information> (search results) and <result> (an execut
 planner). Text outside known tags is free; unknown tags such as <b> are plain text.
 
 `parse_action` never raises on agent text: every mistake (no tool call, two tool calls, unclosed,
-unopened or nested tags, a tag the role may not use, an env-only tag, an empty argument, an over-long
-action) comes back as `ParsedAction.error`, which the env turns into an observation and info flags.
+unopened or nested tags, a tag the role may not use, an env-only tag, an empty argument or one without a
+letter or digit such as the hint's "...", an over-long action) comes back as `ParsedAction.error`, which
+the env turns into an observation and info flags.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class ParsedAction:
     @property
     def valid(self) -> bool:
         return self.error is None
+
+
+_ARGUMENT = {"search": "query", "answer": "answer", "task": "sub-question"}
+"""What each tool call holds, for the error that names a placeholder argument."""
 
 
 def _tool_hint(role: str) -> str:
@@ -119,6 +124,8 @@ def parse_action(
             errors.append(f"{len(calls)} tool calls in one turn; one per turn")
         elif not calls[0][1]:
             errors.append(f"empty <{calls[0][0]}>")
+        elif not any(ch.isalnum() for ch in calls[0][1]):  # "...", copied from the hint below, is no answer
+            errors.append(f"<{calls[0][0]}> holds no letter or digit: write the {_ARGUMENT[calls[0][0]]} itself")
         elif len(calls[0][1]) > max_argument_chars:
             errors.append(f"<{calls[0][0]}> content is {len(calls[0][1])} characters, over {max_argument_chars}")
     used_ok = frozenset(used - malformed)

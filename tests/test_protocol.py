@@ -56,6 +56,9 @@ def test_valid_actions(text, role, tool, argument):
         ("<search>a</search><search>b</search>", "agent", "2 tool calls"),
         ("<search>a</search><answer>b</answer>", "agent", "2 tool calls"),
         ("<search>   </search>", "agent", "empty <search>"),
+        ("<answer>...</answer>", "agent", "no letter or digit: write the answer itself"),
+        ("<search> ? </search>", "executor", "write the query itself"),
+        ("<task>-</task>", "planner", "write the sub-question itself"),
         ("<search>unclosed", "agent", "never closed"),
         ("</answer>", "agent", "closes nothing"),
         ("<think><search>q</search></think>", "agent", "nested"),
@@ -105,5 +108,8 @@ def test_parser_never_raises_and_is_consistent(text, role):
 @given(query=st.text(min_size=1, max_size=300).filter(lambda s: "<" not in s and s.strip()))
 def test_search_round_trip(query):
     parsed = parse_action(f"<think>plan</think><search>{query}</search>", "agent")
+    if not any(ch.isalnum() for ch in query):  # punctuation alone is a placeholder, not a query
+        assert not parsed.valid and "no letter or digit" in parsed.error
+        return
     assert parsed.valid and parsed.argument == query.strip()
     assert parsed.used_tags == {"think", "search"}
