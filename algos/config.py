@@ -200,6 +200,10 @@ class Config:
     sft_planner_share: float | None = None
     """CoDA: the share of each SFT minibatch drawn from the planner's contexts, the rest from the executors';
     None: drawn from all contexts alike (one planner context per executor context in the oracle's episodes)."""
+    sft_mix: Literal["oracle", "questions"] = "oracle"
+    """Which demonstrations the SFT term draws from: every correct, grounded oracle episode (yes/no balanced), or
+    (questions) those cut to the question kinds' shares of the training split (bridge, comparison, yes/no): the
+    oracle grounds nearly every comparison but about half the bridge questions (`algos.sft_data.mix_like_questions`)."""
     sft_data: str | None = None
     """JSON lines of demonstrations (from `python -m agents.oracle` or this trainer's cache); None builds them."""
     sft_num_demos: int | None = None
@@ -562,6 +566,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("kl_coef", at_least(0), ">= 0"),
     ("sft_coef", at_least(0), ">= 0"),
     ("sft_planner_share", lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),
+    ("sft_mix", lambda v: v in ("oracle", "questions"), "oracle or questions"),
     ("sft_batch_size", at_least(1), ">= 1"),
     ("sft_num_demos", at_least(1), ">= 1"),
     ("red_max_factor", at_least(1), ">= 1"),

@@ -6,7 +6,8 @@ exactly like the ones the policy samples in, token for token (loss mask 1 on the
 Only episodes the oracle answered correctly (F1 > 0) and that it could have played from its own context
 (``oracle_grounded``: copyable queries, the answer read from shown evidence) are kept, and yes/no answers
 are balanced (the larger class is cut to the size of the smaller), so the model learns neither a
-default answer nor queries it could not write.
+default answer nor queries it could not write. With ``sft_mix="questions"`` the episodes are further cut to
+the shares the question kinds (bridge, comparison, yes/no) have in the training split (`mix_like_questions`).
 
 Where they come from, in order:
 
@@ -42,7 +43,14 @@ logger = logging.getLogger(__name__)
 ORACLE_VERSION = "grounded-8"  # 8: reads Search-R1-format observations (ours unchanged)
 """Changes whenever the oracle's policy changes, so cached demonstrations of an older oracle are rebuilt."""
 
-__all__ = ["build_oracle_demonstrations", "demonstrations_cache_path", "load_demonstrations", "read_demonstrations"]
+__all__ = [
+    "build_oracle_demonstrations",
+    "demonstrations_cache_path",
+    "load_demonstrations",
+    "mix_like_questions",
+    "question_kinds",
+    "read_demonstrations",
+]
 
 
 def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
@@ -128,13 +136,17 @@ def _generation_record(generation: Generation, trajectory: Trajectory) -> str:
     )
 
 
-def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generation]:
+def read_demonstrations(
+    path: str | os.PathLike, tokenizer: Any, *, question_kinds: Sequence[str] | None = None
+) -> list[Generation]:
     """Read demonstrations of either format (see the module docstring), keeping only correct (F1 > 0) and
     grounded ones, with yes/no answers balanced (episodes are kept whole; see the module docstring).
 
     Args:
         path: JSON-lines file.
         tokenizer: Tokenizes the chat format's messages; its vocabulary bounds the token format's ids.
+        question_kinds: Each question's kind by its index in the split (`question_kinds`); given, the episodes
+            are cut to the kinds' shares among these questions (`mix_like_questions`).
 
     Returns:
         The demonstrations' contexts; their ``sample_logprobs`` are 0 (they are not sampled).
@@ -179,7 +191,54 @@ def read_demonstrations(path: str | os.PathLike, tokenizer: Any) -> list[Generat
     by_answer = {a: [k for k in episodes if answers[k] == a] for a in ("yes", "no")}
     keep = min(len(keys) for keys in by_answer.values())
     dropped = {k for keys in by_answer.values() for k in keys[keep:]}
-    return [g for key, generations in episodes.items() if key not in dropped for g in generations]
+    kept = [key for key in episodes if key not in dropped]
+    if question_kinds is not None:
+        kept = mix_like_questions(kept, question_kinds, answers)
+    return [g for key in kept for g in episodes[key]]
+
+
+def question_kinds(config: Config) -> list[str] | None:
+    """The kind of each question of the training split: ``yes/no`` where the gold answer is yes or no, else the
+    dataset's type (HotpotQA: bridge or comparison); None when the dataset labels no types."""
+    from envs import ENV_IDS
+    from envs.data import load_examples
+    from envs.rewards import is_yes_no
+
+    spec = ENV_IDS.get(config.env_id)
+    if spec is None:
+        return None
+    examples = load_examples(spec["dataset"], config.split, config.data_path)
+    if not any(example.type for example in examples):
+        return None
+    return ["yes/no" if is_yes_no(example.answer) else example.type for example in examples]
+
+
+def mix_like_questions(keys: Sequence[object], kinds: Sequence[str], answers: dict[object, str]) -> list[object]:
+    """The largest subset of the episodes `keys` (question indices, in order) whose kinds stand in the shares they
+    have among all the questions (`kinds`), keeping each kind's first episodes and yes/no balanced.
+
+    The oracle grounds almost every comparison (its answer is one of the entities the question names, so it stands
+    in the passages) but only some bridge questions, so its kept episodes over-represent answers copied from the
+    question. Keys that are not question indices (demonstration files without them) leave `keys` as they are.
+    """
+    if not all(isinstance(key, int) and 0 <= key < len(kinds) for key in keys):
+        logger.warning("demonstrations without question indices: not mixed like the questions")
+        return list(keys)
+    by_kind: dict[str, list[object]] = {}
+    for key in keys:
+        by_kind.setdefault(kinds[key], []).append(key)
+    share = {kind: sum(k == kind for k in kinds) / len(kinds) for kind in by_kind}
+    scale = min(len(members) / share[kind] for kind, members in by_kind.items())
+    wanted = {kind: int(scale * share[kind] + 1e-9) for kind in by_kind}
+    chosen: set[object] = set()
+    for kind, members in by_kind.items():
+        if kind == "yes/no":  # half each, first come, as the balance above left them
+            half = wanted[kind] // 2
+            chosen.update([k for k in members if answers[k] == "yes"][:half])
+            chosen.update([k for k in members if answers[k] == "no"][:half])
+        else:
+            chosen.update(members[: wanted[kind]])
+    return [key for key in keys if key in chosen]
 
 
 def _check_ids(generation: Generation, vocab: int) -> None:
@@ -215,8 +274,9 @@ def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | Non
     Raises:
         ValueError: No demonstration survives the filters.
     """
+    kinds = question_kinds(config) if config.sft_mix == "questions" else None
     if config.sft_data is not None:
-        demos = read_demonstrations(config.sft_data, tokenizer)
+        demos = read_demonstrations(config.sft_data, tokenizer, question_kinds=kinds)
         source = config.sft_data
     else:
         path = demonstrations_cache_path(config, tokenizer)
@@ -225,8 +285,9 @@ def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | Non
             _write_atomic(path, (_generation_record(g, t) for t in trajectories for g in t.generations))
             correct = sum(float(t.info.get("f1", 0.0)) > 0 for t in trajectories)
             logger.info("oracle: %d of %d episodes correct; cached at %s", correct, len(trajectories), path)
-        demos = read_demonstrations(path, tokenizer)
+        demos = read_demonstrations(path, tokenizer, question_kinds=kinds)
         source = str(path)
+    logger.info("%d demonstration contexts from %s (%s)", len(demos), source, config.sft_mix)
     kept = [d for d in demos if max_tokens is None or len(d.token_ids) <= max_tokens]
     if len(kept) < len(demos):
         logger.warning(

@@ -80,3 +80,47 @@ def test_a_planner_share_sets_how_many_planner_contexts_each_minibatch_draws():
     assert sample_indices(10, 8, 0, 3, roles=flat, planner_share=0.25) == sample_indices(10, 8, 0, 3)
     with pytest.raises(ValueError, match="roles"):
         sample_indices(10, 8, 0, 0, roles=flat[:5], planner_share=0.25)
+
+
+def _episode(index: int, answer: str, role: str = "executor") -> str:
+    return json.dumps({"token_ids": [1, 2], "loss_mask": [0, 1], "role": role, "index": index, "answer": answer})
+
+
+def test_demonstrations_mixed_like_the_questions_keep_each_kind_at_its_share(tmp_path, tokenizer):
+    # 10 questions: 6 bridge, 2 comparison, 2 yes/no. The oracle grounded 3 bridge questions (0-2), both
+    # comparisons (6, 7) and both yes/no (8: yes, 9: no), each episode two contexts (planner and executor).
+    kinds = ["bridge"] * 6 + ["comparison"] * 2 + ["yes/no"] * 2
+    lines = [
+        _episode(i, a, role)
+        for i, a in [(0, "x"), (1, "y"), (2, "z"), (6, "a"), (7, "b"), (8, "yes"), (9, "no")]
+        for role in ("planner", "executor")
+    ]
+    path = _write(tmp_path, *lines)
+    everything = read_demonstrations(path, tokenizer)
+    mixed = read_demonstrations(path, tokenizer, question_kinds=kinds)
+    assert len(everything) == 14
+    # bridge limits: 3 episodes at a share of 0.6 allow 1 comparison (share 0.2) and 1 yes/no, which cannot be
+    # split into a balanced pair, so none; episodes stay whole and in file order.
+    assert len(mixed) == 8 and all(d.role in ("planner", "executor") for d in mixed)
+
+
+def test_the_mix_keeps_yes_no_balanced_and_its_first_episodes():
+    from algos.sft_data import mix_like_questions
+
+    kinds = ["bridge"] * 4 + ["comparison"] * 2 + ["yes/no"] * 4  # shares 0.4 / 0.2 / 0.4
+    keys = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    answers = {k: "no" if k in (6, 7) else "yes" if k in (8, 9) else f"a{k}" for k in keys}
+    assert mix_like_questions(keys, kinds, answers) == keys  # already in the questions' shares
+    answers_skewed = {**answers, 8: "no"}  # yes/no episodes 6 (no), 8 (no), 9 (yes): 3 at a share of 0.4
+    kept = mix_like_questions([0, 1, 2, 3, 4, 5, 6, 8, 9], kinds, answers_skewed)
+    assert kept == [0, 1, 2, 4, 6, 9]  # 3 / 0.4 = 7.5 episodes: 3 bridge, 1 comparison, 3 yes/no -> 1 yes, 1 no
+    assert mix_like_questions(["line3", 1], kinds, answers) == ["line3", 1]  # no question indices: unchanged
+
+
+def test_question_kinds_of_the_bundled_split():
+    from algos.config import preset_config
+    from algos.sft_data import question_kinds
+
+    kinds = question_kinds(preset_config("cpu"))
+    assert len(kinds) == 1325 and set(kinds) == {"bridge", "comparison", "yes/no"}
+    assert question_kinds(preset_config("cpu", env="RedCoda-Bamboogle-v0", split="test")) is None  # no types
