@@ -28,8 +28,10 @@ drawn as a system of its own, its runs in `runs/grpo_sft-sft_coef0.4-seed<s>/`.
 
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
 (`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`). Invocations side
-by side (one per core) split the systems or seeds between them: one run is trained by one invocation at a time,
-and a second one that reaches it stops with an error naming it. `--report-only` trains and scores nothing: it
+by side (one per core) share the runs: one run is trained by one invocation at a time, and another that reaches
+it skips it and goes on with the rest, naming it as left out of its report (so two identical commands side by side
+split the work; when both are done, the same command once more reports everything, training nothing).
+`--report-only` trains and scores nothing: it
 re-makes the report from the runs already finished and scored, naming the ones left out (safe beside running
 streams).
 """
@@ -213,9 +215,13 @@ def train(
         return summary
 
 
+class ClaimedElsewhere(RuntimeError):
+    """Another comparison process is training this run now."""
+
+
 @contextlib.contextmanager
 def _claimed(run_dir: Path) -> Iterator[None]:
-    """Hold `run_dir` for this process while it trains there; RuntimeError if another process holds it.
+    """Hold `run_dir` for this process while it trains there; `ClaimedElsewhere` if another process holds it.
 
     Two invocations side by side (the README's two streams, or a report command started while they run) must
     never train one run at once: both would resume from the same checkpoint and write the same files. The claim
@@ -228,9 +234,9 @@ def _claimed(run_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise RuntimeError(
-                f"{run_dir} is being trained by another comparison (process {handle.read().strip() or '?'}): "
-                "give side-by-side invocations different --algos or --seeds, and run the report when they are done"
+            raise ClaimedElsewhere(
+                f"{run_dir} is being trained by another comparison (process {handle.read().strip() or '?'}); "
+                "run the report when it is done"
             ) from None
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
@@ -596,7 +602,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     continue
                 summary = json.loads((run_dir / "summary.json").read_text())
             else:
-                summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
+                try:
+                    summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
+                except ClaimedElsewhere as err:  # a stream beside this one trains it: go on with the others
+                    print(f"[compare] skipped: {err}", flush=True)
+                    missing.append(name)
+                    continue
             summary.setdefault("tokens_sampled", _metric_total(run_dir, "tokens/sampled"))
             result = evaluate_run(name, summary["final_model"], budget, config, out / "evals")
             run_dirs.setdefault(system.name, []).append(run_dir)
