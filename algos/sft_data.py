@@ -202,7 +202,6 @@ def question_kinds(config: Config) -> list[str] | None:
     dataset's type (HotpotQA: bridge or comparison); None when the dataset labels no types."""
     from envs import ENV_IDS
     from envs.data import load_examples
-    from envs.rewards import is_yes_no
 
     spec = ENV_IDS.get(config.env_id)
     if spec is None:
@@ -210,7 +209,7 @@ def question_kinds(config: Config) -> list[str] | None:
     examples = load_examples(spec["dataset"], config.split, config.data_path)
     if not any(example.type for example in examples):
         return None
-    return ["yes/no" if is_yes_no(example.answer) else example.type for example in examples]
+    return [example.kind for example in examples]
 
 
 def mix_like_questions(keys: Sequence[object], kinds: Sequence[str], answers: dict[object, str]) -> list[object]:

@@ -111,9 +111,9 @@ def question_kinds(result: dict[str, Any]) -> dict[int, str]:
     kinds = {}
     for prediction in result["predictions"]:
         example = examples[prediction["index"]]
-        if is_yes_no(example.answer):
+        if example.kind == "yes/no":
             kinds[prediction["index"]] = "yes/no"
-        elif example.type != "comparison":
+        elif example.kind != "comparison":
             kinds[prediction["index"]] = "bridge"
         else:
             named = f" {normalize_answer(example.answer)} " in f" {normalize_answer(example.question)} "

@@ -60,6 +60,13 @@ class QAExample:
         return self.answers[0]
 
     @property
+    def kind(self) -> str:
+        """``yes/no`` where the gold answer is yes or no, else the dataset's type ("" where it labels none)."""
+        from envs.rewards import is_yes_no
+
+        return "yes/no" if is_yes_no(self.answer) else self.type
+
+    @property
     def gold_titles(self) -> tuple[str, ...]:
         """Titles of the supporting paragraphs, in first-mention order, without duplicates."""
         return tuple(dict.fromkeys(title for title, _ in self.supporting_facts))
