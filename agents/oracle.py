@@ -14,7 +14,10 @@ reproduce on questions it has never seen:
   yes/no answers quote the opening words of each gold passage seen and conclude. With ``quote_words=0`` it
   answers without a quote (the evidence still decides when it answers and whether the episode is grounded).
 
-The number of searches therefore varies (one when the first results already hold the answer). An episode
+The number of searches therefore varies (one when the first results already hold the answer). With
+``follow_bridge`` it searches a missing gold title that the question or the results name even when the answer is
+already shown (not for yes/no questions, whose evidence rule already asks for both gold passages), so the second
+query names the bridge entity wherever it can, up to ``max_searches``. An episode
 is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
 shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded episodes only.
 CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that the
@@ -111,10 +114,18 @@ class OracleAgent(ContextAgent):
         max_searches: searches per episode (flat) or per task (coda) before the oracle answers anyway.
         max_tasks: coda: tasks the planner delegates at most.
         quote_words: longest evidence quote, in words; 0 answers without a ``<refine>`` quote.
+        follow_bridge: search a missing gold title that is named where the oracle can read it even when the
+            answer is already shown (see the module docstring).
     """
 
     def __init__(
-        self, tokenizer: Any, seed: int = 0, max_searches: int = 2, max_tasks: int = 2, quote_words: int = 12
+        self,
+        tokenizer: Any,
+        seed: int = 0,
+        max_searches: int = 2,
+        max_tasks: int = 2,
+        quote_words: int = 12,
+        follow_bridge: bool = False,
     ) -> None:
         if quote_words < 0:
             raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
@@ -123,6 +134,7 @@ class OracleAgent(ContextAgent):
         self.max_searches = max_searches
         self.max_tasks = max_tasks
         self.quote_words = quote_words
+        self.follow_bridge = follow_bridge
         self.max_context_tokens = 1 << 30
         self.params = self.executor_params = SamplingParams(max_new_tokens=0)
         self._plans: dict[tuple[int, str], _Plan] = {}
@@ -194,13 +206,14 @@ class OracleAgent(ContextAgent):
     def _search_or_answer(self, plan: _Plan, example: QAExample, question: str) -> str:
         answer = example.answer
         missing = [t for t in example.gold_titles if t not in plan.shown and t not in plan.queried]
+        seen = question + " " + " ".join(plan.shown.values())
+        copyable = [_base_title(t) for t in missing if _contains(seen, _base_title(t))]
         quote = self._evidence(plan, example)
-        if quote is None and plan.searches < self.max_searches:
+        follow = self.follow_bridge and copyable and plan.searches > 0 and not is_yes_no(answer)
+        if (quote is None or follow) and plan.searches < self.max_searches:
             if plan.searches == 0:
                 query = question
             else:
-                seen = question + " " + " ".join(plan.shown.values())
-                copyable = [_base_title(t) for t in missing if _contains(seen, _base_title(t))]
                 if not missing:
                     return self._answer(plan, answer, None)
                 query = (copyable or missing)[0]

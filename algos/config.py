@@ -210,6 +210,9 @@ class Config:
     """Oracle episodes to generate when building demonstrations; None means every question of the split."""
     quote_words: int = 12
     """Words of evidence the demonstrations quote in <refine> before answering; 0: they answer without a quote."""
+    follow_bridge: bool = False
+    """Demonstrations search a missing gold title that the question or the results name even when the answer is
+    already shown, so the second query names the bridge entity wherever it can (`agents.oracle`)."""
     red_max_factor: float = 5.0
     """RED's G: bound of each factor; the weight lies in [1, G^2]."""
     red_decay: float = 0.99

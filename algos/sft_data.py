@@ -63,6 +63,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         "num_demos": config.sft_num_demos,
         "oracle": ORACLE_VERSION,
         **({"quote_words": config.quote_words} if config.quote_words != Config.quote_words else {}),  # default: old key
+        **({"follow_bridge": True} if config.follow_bridge else {}),
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -93,7 +94,11 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
     num_examples = env_fns[0].unwrapped.num_examples
     n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
     agent = OracleAgent(
-        tokenizer, seed=config.seed, max_searches=config.max_search_turns, quote_words=config.quote_words
+        tokenizer,
+        seed=config.seed,
+        max_searches=config.max_search_turns,
+        quote_words=config.quote_words,
+        follow_bridge=config.follow_bridge,
     )
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:

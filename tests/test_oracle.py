@@ -218,6 +218,29 @@ def test_without_quotes_the_oracle_acts_the_same_and_answers_directly(episodes, 
         OracleAgent(tokenizer, quote_words=-1)
 
 
+def test_following_the_bridge_searches_a_named_missing_title_even_when_the_answer_is_shown(episodes, bm25, tokenizer):
+    """`follow_bridge`: wherever the default oracle answered from its first results while a gold title was still
+    missing and named in what it read, it searches that title next; otherwise it acts as before."""
+    protocol, _, default = episodes
+    env_list = [gym.make(ENV_IDS[protocol], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+    following = OracleAgent(tokenizer, seed=0, follow_bridge=True).rollout(env_list, ROWS, seed=0)
+    followed = 0
+    for before, after in zip(default, following, strict=True):
+        example = env_list[0].unwrapped.examples[before.example_index]
+        assert after.info["f1"] == 1.0 and after.info["num_searches"] >= before.info["num_searches"]
+        if example.answer.lower() in ("yes", "no"):
+            assert after.actions == before.actions  # yes/no: the evidence rule already asks for both passages
+            continue
+        queries = [re.findall(r"<search>(.*?)</search>", "".join(acts)) for acts in (before.actions, after.actions)]
+        if queries[1] != queries[0]:
+            followed += 1
+            assert queries[1][: len(queries[0])] == queries[0] and len(queries[1]) == len(queries[0]) + 1
+            extra = queries[1][-1]
+            assert any(extra in (title, re.sub(r"\s*\([^)]*\)$", "", title)) for title in example.gold_titles)
+            assert after.info["oracle_grounded"] == before.info["oracle_grounded"]
+    assert followed >= 2, "the first 16 dev questions hold bridge questions whose answer the first results show"
+
+
 def test_the_oracle_reads_search_r1_observations_too(bm25, tokenizer):
     """In Search-R1's observation format (``Doc 1(Title: "..") text``, whole passages) the oracle sees what was shown:
     it grounds its answers and never searches a title already shown, as in ours."""
