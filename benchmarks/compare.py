@@ -54,7 +54,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -165,7 +165,7 @@ def train(
     done = run_dir / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
-    with _claimed(run_dir):
+    with _claimed(run_dir) as claim:
         if done.exists():  # finished by another invocation while this one waited for it
             return json.loads(done.read_text())
         cmd = [
@@ -196,7 +196,7 @@ def train(
             cmd.append("--resume")
         start = time.perf_counter()
         print(f"[compare] {shlex.join(cmd)}", flush=True)
-        subprocess.run(cmd, check=True)
+        run_holding(claim, cmd)
         rows = _metrics(run_dir)
         summary = {
             "algo": algo,
@@ -220,13 +220,14 @@ class ClaimedElsewhere(RuntimeError):
 
 
 @contextlib.contextmanager
-def _claimed(run_dir: Path) -> Iterator[None]:
+def _claimed(run_dir: Path, *, wait: bool = False) -> Iterator[IO[str]]:
     """Hold `run_dir` for this process while it trains there; `ClaimedElsewhere` if another process holds it.
 
     Two invocations side by side (the README's two streams, or a report command started while they run) must
     never train one run at once: both would resume from the same checkpoint and write the same files. The claim
-    is an advisory lock on ``run_dir/.compare.lock``, released by the system when its process ends, however it
-    ends.
+    is an advisory lock on ``run_dir/.compare.lock``, released by the system when the last process holding it
+    ends, however it ends; `run_holding` hands it to the trainer's process too. With `wait`, it waits for the
+    holder instead (the warm start, which every run needs).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".compare.lock", "a+") as handle:
@@ -234,14 +235,56 @@ def _claimed(run_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise ClaimedElsewhere(
-                f"{run_dir} is being trained by another comparison (process {handle.read().strip() or '?'}); "
-                "run the report when it is done"
-            ) from None
+            holder = f"{run_dir} is being trained by another comparison ({handle.read().strip() or 'process unknown'})"
+            if not wait:
+                raise ClaimedElsewhere(f"{holder}; run the report when it is done") from None
+            print(f"[compare] {holder}: waiting for it", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
+        handle.write(f"comparison process {os.getpid()}\n")
         handle.flush()
-        yield
+        yield handle
+
+
+def run_holding(claim: IO[str], cmd: Sequence[str]) -> None:
+    """Run `cmd` to its end, its process sharing the `_claimed` lock `claim`: a trainer whose comparison was killed
+    (it goes on as an orphan) keeps its run claimed until it ends, so no other invocation resumes the run under it.
+    """
+    with subprocess.Popen(cmd, pass_fds=(claim.fileno(),)) as process:
+        claim.truncate(0)
+        # who holds it now, for the message a stream beside it prints
+        claim.write(f"comparison process {os.getpid()}, trainer process {process.pid}\n")
+        claim.flush()
+        try:
+            process.wait()
+        except BaseException:  # interrupted here: the trainer stops with us, as under subprocess.run
+            process.kill()
+            raise
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, cmd)
+
+
+def _train_warm_start(claim: IO[str], warm: Path, budget: Budget, args: argparse.Namespace) -> None:
+    """Train regime 2's shared SFT warm start into `warm` (or resume it), holding its claim."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "algos.sft",
+        "--preset",
+        budget.preset,
+        "--steps",
+        str(args.warm_start_steps),
+        "--protocol",
+        args.protocol,
+        "--run-dir",
+        str(warm),
+        *budget.train_args,
+        *(["--torch-threads", str(args.threads)] if args.threads else []),
+    ]
+    if (warm / "checkpoints" / "latest").exists():
+        cmd.append("--resume")
+    print(f"[compare] {shlex.join(cmd)}", flush=True)
+    run_holding(claim, cmd)
 
 
 def _trained_config(run_dir: Path) -> dict[str, Any] | None:
@@ -559,26 +602,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         warm = out / "runs" / "warm-start"
         if args.report_only and not (warm / "final").exists():
             raise SystemExit(f"no warm start in {warm} yet: nothing of this regime to report")
-        if not (warm / "final").exists():
-            cmd = [
-                sys.executable,
-                "-m",
-                "algos.sft",
-                "--preset",
-                budget.preset,
-                "--steps",
-                str(args.warm_start_steps),
-                "--protocol",
-                args.protocol,
-                "--run-dir",
-                str(warm),
-                *budget.train_args,
-                *(["--torch-threads", str(args.threads)] if args.threads else []),
-            ]
-            if (warm / "checkpoints" / "latest").exists():
-                cmd.append("--resume")
-            print(f"[compare] {shlex.join(cmd)}", flush=True)
-            subprocess.run(cmd, check=True)
+        with _claimed(warm, wait=True) as claim:  # every run starts from it: a stream beside this one waits
+            if not (warm / "final").exists():
+                _train_warm_start(claim, warm, budget, args)
         shutil.rmtree(warm / "checkpoints", ignore_errors=True)  # finished: every run starts from its final model
         args.init_model = str(warm / "final")
     if args.init_model:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from algos.config import Config
 from algos.evaluation import held_out_settings
-from benchmarks.compare import main
+from benchmarks.compare import ClaimedElsewhere, _claimed, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,3 +193,45 @@ def test_the_paired_f1_without_yes_no_questions_leaves_exactly_them_out():
     by_metric = {t["metric"]: t for t in tests}
     assert (by_metric["f1"]["questions"], by_metric["f1"]["difference"]) == (4, 0.75)
     assert (by_metric["f1 without yes/no"]["questions"], by_metric["f1 without yes/no"]["difference"]) == (2, 0.5)
+
+
+def test_a_trainer_outliving_its_comparison_keeps_the_run_claimed(tmp_path):
+    """Killing a comparison leaves its trainer running (an orphan); the run stays claimed until the trainer ends,
+    so a stream beside it skips the run instead of resuming it under the running trainer."""
+    run_dir = tmp_path / "red_grpo-seed0"
+    started = tmp_path / "trainer.pid"
+    trainer = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    comparison = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from benchmarks.compare import _claimed, run_holding\n"
+            f"with _claimed(Path({str(run_dir)!r})) as claim: run_holding(claim, [sys.executable, '-c', {trainer!r}])",
+        ],
+        cwd=ROOT,
+    )
+    try:
+        for _ in range(600):
+            if started.exists() and started.read_text():
+                break
+            time.sleep(0.05)
+        assert started.exists(), "the trainer never started"
+        comparison.kill()
+        comparison.wait()
+        trainer_pid = int(started.read_text())
+        os.kill(trainer_pid, 0)  # the trainer goes on without its comparison
+        with pytest.raises(ClaimedElsewhere, match=f"trainer process {trainer_pid}"), _claimed(run_dir):
+            pass
+    finally:
+        comparison.kill()
+        if started.exists() and started.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(started.read_text()), signal.SIGKILL)
+    for _ in range(600):  # the lock goes with the last process holding it
+        try:
+            with _claimed(run_dir):
+                break
+        except ClaimedElsewhere:
+            time.sleep(0.05)
+    else:
+        raise AssertionError("the run stayed claimed after its trainer ended")
