@@ -19,7 +19,8 @@ Written to `--out`:
   from the lowest to the highest seed; `red_weights.png`: RED's entropy weight, accuracy factor and product;
 - `report.json`: the exact command, budget, protocol, machine, seeds, the paired tests and every run's numbers;
 - `runs/<algo>-seed<s>/`: each trainer run (metrics.jsonl, final model, and `summary.json` with its steps, tokens,
-  wall time, commit and trainer config; its one checkpoint is kept only until the run finishes);
+  wall time, the commit that trained it (recorded at each start and resume, in `code_versions.txt`) and trainer
+  config; its one checkpoint is kept only until the run finishes);
 - `evals/<name>.json`: each evaluation (metrics and per-question predictions).
 
 A system is an algorithm, or an algorithm with trainer settings of its own: `grpo_sft:sft_coef=0.4` is GRPO + SFT
@@ -196,6 +197,8 @@ def train(
             cmd.append("--resume")
         start = time.perf_counter()
         print(f"[compare] {shlex.join(cmd)}", flush=True)
+        with (run_dir / "code_versions.txt").open("a") as versions:  # the code of each start and resume
+            versions.write(f"{code_version()}\n")
         run_holding(claim, cmd)
         rows = _metrics(run_dir)
         summary = {
@@ -206,7 +209,7 @@ def train(
             "tokens_trained": _metric_total(run_dir, "tokens/trained"),
             "tokens_sampled": _metric_total(run_dir, "tokens/sampled"),
             "final_model": str(run_dir / "final"),
-            "code": code_version(),
+            "code": _trained_code(run_dir),
             "config": _trained_config(run_dir),
         }
         done.write_text(json.dumps(summary, indent=2))
@@ -304,6 +307,14 @@ def code_version() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
+
+
+def _trained_code(run_dir: Path) -> str | None:
+    """The code that trained a run: its commit, or its commits in order ("A then B") when it was resumed under
+    another. Recorded as each training starts, so checking out another commit afterwards changes nothing."""
+    path = run_dir / "code_versions.txt"
+    versions = list(dict.fromkeys(path.read_text().split())) if path.exists() else []
+    return " then ".join(versions) if versions else code_version()  # runs that predate the record: the code now
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import pytest
 
 from algos.config import Config
 from algos.evaluation import held_out_settings
-from benchmarks.compare import ClaimedElsewhere, _claimed, main
+from benchmarks.compare import ClaimedElsewhere, _claimed, _trained_code, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +71,8 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     if head.strip():  # in a git checkout every run and the report name the commit that ran
         commit = head.strip()
         assert report["code"].startswith(commit) and all(r["code"].startswith(commit) for r in report["runs"])
+        for name in ("red_grpo-seed0", "grpo-seed1"):  # written as the training started
+            assert (out / "runs" / name / "code_versions.txt").read_text().startswith(commit)
     # RED against each other system, paired by question, each system's question score the mean of its seeds
     test = next(t for t in report["paired"] if t["other"] == "grpo" and t["metric"] == "f1")
     red = [_per_question(out, f"red_grpo-seed{s}", "f1") for s in (0, 1)]
@@ -235,3 +237,13 @@ def test_a_trainer_outliving_its_comparison_keeps_the_run_claimed(tmp_path):
             time.sleep(0.05)
     else:
         raise AssertionError("the run stayed claimed after its trainer ended")
+
+
+def test_a_run_names_the_code_that_trained_it_not_the_code_checked_out_later(tmp_path):
+    run_dir = tmp_path / "red_grpo-seed0"
+    run_dir.mkdir()
+    (run_dir / "code_versions.txt").write_text("aaa\naaa\n")  # started, then resumed under the same commit
+    assert _trained_code(run_dir) == "aaa"
+    with (run_dir / "code_versions.txt").open("a") as versions:
+        versions.write("bbb+changes\n")  # resumed again after a checkout
+    assert _trained_code(run_dir) == "aaa then bbb+changes"
