@@ -149,6 +149,10 @@ class Config:
     """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
     sampler_batch_size: int = 64
     """Rows per sampler forward pass."""
+    sampler_decode: Literal["dynamic", "static", "graphs"] = "dynamic"
+    """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
+    graph replay per step over static key/value buffers; GPU, Llama-architecture models such as SmolLM2), or static
+    (the same buffers without graphs). See agents/samplers/hf.py."""
 
     # --- optimisation ------------------------------------------------------------------------------------
     lr: float = 1e-6

@@ -177,6 +177,7 @@ class TrainingRun:
                 max_context=max_context,
                 max_batch_size=config.sampler_batch_size,
                 seed=config.seed,
+                decode=config.sampler_decode,
             )
         )
         params = SamplingParams(

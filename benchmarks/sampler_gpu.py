@@ -2,11 +2,16 @@
 
     python -m benchmarks.sampler_gpu --config .gpu/smollm2-config       # SmolLM2-135M architecture, random weights
     python -m benchmarks.sampler_gpu --model HuggingFaceTB/SmolLM2-135M-Instruct
+    python -m benchmarks.sampler_gpu --model <folder> --bf16       # as the gpu preset samples
 
 Same model, same 64 left-padded prompts of random tokens (600 + 7 i tokens for row i), 128 new tokens per
 row, temperature 1: `HFSampler.generate` with and without stop strings (stop strings that random tokens
-never complete, so every row runs to the limit, as `model.generate` does with `min_new_tokens`), then
-`model.generate`. Prints tokens per second of each and a profile of where a sampler step goes.
+never complete, so every row runs to the limit, as `model.generate` does with `min_new_tokens`), the same
+with `decode="graphs"` (each decode step one CUDA graph replay over static key/value buffers; its first
+call, which captures the graphs, is left out of the timing), then `model.generate`. Prints tokens per second
+of each, ms per decode step, whether the graph sampler's greedy tokens equal the dynamic sampler's and how far
+apart their log-probs are, and with `--profile` where a sampler step goes. `--bf16` runs everything under
+bfloat16 autocast, as the trainer's gpu preset samples.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--profile", action="store_true", help="also print cProfile and torch.profiler tables")
+    parser.add_argument("--bf16", action="store_true", help="sample under bfloat16 autocast (the gpu preset's)")
     args = parser.parse_args(argv)
 
     import torch
@@ -46,59 +52,83 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    sampler = HFSampler(model, tokenizer, max_batch_size=args.rows)
-    prompts = [torch.randint(100, 40_000, (600 + 7 * i,)).tolist() for i in range(args.rows)]
-    n_new = args.new_tokens
-    sampler.generate(prompts[:4], SamplingParams(max_new_tokens=8))  # warm-up
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
+        sampler = HFSampler(model, tokenizer, max_batch_size=args.rows)
+        graphs = HFSampler(model, tokenizer, max_batch_size=args.rows, decode="graphs")
+        prompts = [torch.randint(100, 40_000, (600 + 7 * i,)).tolist() for i in range(args.rows)]
+        n_new = args.new_tokens
+        sampler.generate(prompts[:4], SamplingParams(max_new_tokens=8))  # warm-up
+        greedy = SamplingParams(max_new_tokens=n_new, temperature=0.0)
+        same = [sampler.generate(prompts, greedy), graphs.generate(prompts, greedy)]  # also captures every graph
+        captured = graphs._static.captured
 
-    def timed(fn) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
+        def timed(fn) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
 
-    results: dict[str, float] = {}
-    for label, params in [
-        ("sampler, stop strings", SamplingParams(max_new_tokens=n_new, stop=("</search>", "</answer>"))),
-        ("sampler, no stop strings", SamplingParams(max_new_tokens=n_new)),
-    ]:
-        out: list = []
-        seconds = timed(lambda p=params, o=out: o.extend(sampler.generate(prompts, p)))
-        results[label] = sum(len(c.token_ids) for c in out) / seconds
-    width = max(len(p) for p in prompts)
-    ids = torch.full((args.rows, width), tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    ids, mask = ids.cuda(), mask.cuda()
-    seconds = timed(
-        lambda: model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=n_new,
-            min_new_tokens=n_new,
-            do_sample=True,
-            pad_token_id=tokenizer.pad_token_id,
+        results: dict[str, float] = {}
+        stops = SamplingParams(max_new_tokens=n_new, stop=("</search>", "</answer>"))
+        plain = SamplingParams(max_new_tokens=n_new)
+        for label, backend, params in [
+            ("sampler, stop strings", sampler, stops),
+            ("sampler, no stop strings", sampler, plain),
+            ("graphs, stop strings", graphs, stops),
+            ("graphs, no stop strings", graphs, plain),
+        ]:
+            out: list = []
+            seconds = timed(lambda b=backend, p=params, o=out: o.extend(b.generate(prompts, p)))
+            results[label] = sum(len(c.token_ids) for c in out) / seconds
+        width = max(len(p) for p in prompts)
+        ids = torch.full((args.rows, width), tokenizer.pad_token_id)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.cuda(), mask.cuda()
+        seconds = timed(
+            lambda: model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=True,
+                pad_token_id=tokenizer.pad_token_id,
+            )
         )
-    )
-    results["model.generate"] = args.rows * n_new / seconds
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.rows} rows x {n_new} new tokens")
-    for label, rate in results.items():
-        print(f"{label:28s} {rate:8.0f} tokens/s   {args.rows / rate * 1e3:6.1f} ms per decode step")
-    print(f"sampler / model.generate: {results['sampler, no stop strings'] / results['model.generate']:.2f}")
-    if args.profile:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        sampler.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
-        torch.cuda.synchronize()
-        profiler.disable()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:
-            sampler.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        results["model.generate"] = args.rows * n_new / seconds
+        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.rows} rows x {n_new} new tokens")
+        for label, rate in results.items():
+            print(f"{label:28s} {rate:8.0f} tokens/s   {args.rows / rate * 1e3:6.1f} ms per decode step")
+        print(f"sampler / model.generate: {results['sampler, no stop strings'] / results['model.generate']:.2f}")
+        print(f"graphs / model.generate: {results['graphs, no stop strings'] / results['model.generate']:.2f}")
+        print(f"graphs / sampler: {results['graphs, no stop strings'] / results['sampler, no stop strings']:.2f}")
+        equal = sum(a.token_ids == b.token_ids for a, b in zip(*same, strict=True))
+        gap = 0.0
+        for a, b in zip(*same, strict=True):  # log-probs over the tokens both chose (up to a first difference)
+            for x, y, tx, ty in zip(a.logprobs, b.logprobs, a.token_ids, b.token_ids, strict=False):
+                if tx != ty:
+                    break
+                gap = max(gap, abs(x - y))
+        print(
+            f"greedy, graphs against the dynamic cache: {equal} of {args.rows} rows the same tokens, log-probs within "
+            f"{gap:.2e} (while the tokens agree); graphs captured {captured}, after the timed calls "
+            f"{graphs._static.captured}"
+        )
+        results["greedy rows equal"] = equal
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            sampler.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
+            torch.cuda.synchronize()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as prof:
+                sampler.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return results
 
 

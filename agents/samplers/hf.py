@@ -43,6 +43,12 @@ narrow: 2 threads: 1 row 55 -> 31, 2 rows 82 -> 49, 3 rows 105 -> 62, 4 rows 86 
 1 thread: 1 row 56 -> 44, 3 rows 110 -> 99, 4 rows 88 -> 105. Hence the default: 4 rows with two or more
 threads, 3 with one. The two formulations differ by float rounding only (the same sums, another order).
 
+Decode steps on a GPU: a small model's step is bound by launching its kernels one by one from Python (a 64-row
+step of SmolLM2-135M: about 35 ms on an H100). `decode="graphs"` replays each step as one CUDA graph over static
+key/value buffers (`agents.samplers.static_decode`): the prefill runs as above, then the first decode step copies
+the prefilled keys and values into those buffers. `decode="static"` runs the same steps without graphs; it
+samples what the dynamic path samples (tested: same tokens, log-probs within 1e-5, CPU float32).
+
 Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
 times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
 The sampler leaves that process-wide choice to the caller.
@@ -55,6 +61,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -64,6 +71,7 @@ from transformers.cache_utils import DynamicLayer
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from agents.samplers.static_decode import StaticDecoder, row_bucket
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +194,73 @@ class _AppendLayer(DynamicLayer):
             self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
+class _CacheSteps:
+    """Decode steps of one call through the model's own forward pass, over its `DynamicCache`."""
+
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache) -> None:
+        self.model, self.cache = model, cache
+
+    def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Feed one token per live row ((alive,) each; `attention` (alive, columns) with the new column);
+        returns the next logits, (alive, vocab)."""
+        out = self.model(
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=position[:, None],
+            **{cache_argument(): self.cache},
+            use_cache=True,
+        )
+        return out.logits[:, -1, :]
+
+    def row(self, j: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Live row `j`'s keys and values, per layer (kv_heads, columns, head_dim)."""
+        return [layer.keys[j] for layer in self.cache.layers], [layer.values[j] for layer in self.cache.layers]
+
+    def select(self, index: torch.Tensor, columns: int) -> None:
+        """Keep only the live rows at `index` (in that order)."""
+        self.cache.batch_select_indices(index)
+
+
+class _StaticSteps:
+    """Decode steps of one call over a `StaticDecoder`'s buffers (CUDA graphs on a GPU), from its prefilled cache.
+
+    Live rows sit in slots of the decoder's buffers; a row that finishes leaves its slot behind until the live
+    rows fit a smaller row bucket, when they are gathered into the first slots.
+    """
+
+    def __init__(self, decoder: StaticDecoder, cache: DynamicCache, attention: torch.Tensor, widest: int) -> None:
+        decoder.begin(cache, widest)
+        rows, columns = attention.shape
+        decoder.mask[:rows, 0, 0, :columns] = attention.bool()
+        self.decoder = decoder
+        self.slots = list(range(rows))
+        self._slots = torch.arange(rows, device=attention.device)
+        self.rows = row_bucket(rows)
+
+    def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        decoder, column = self.decoder, attention.shape[1] - 1
+        decoder.tokens[self._slots] = token
+        decoder.positions[self._slots] = position
+        decoder.column.fill_(column)
+        # every slot of the bucket attends to the column it writes now: a finished or unused slot's step stays
+        # finite (its output is ignored, but NaN keys in its slot could reach a later call's live row)
+        decoder.mask[: self.rows, 0, 0, column] = True
+        return decoder.step(self.rows)[self._slots]
+
+    def row(self, j: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        slot = self.slots[j]
+        return [k[slot] for k in self.decoder.keys], [v[slot] for v in self.decoder.values]
+
+    def select(self, index: torch.Tensor, columns: int) -> None:
+        self.slots = [self.slots[j] for j in index.tolist()]
+        self._slots = self._slots[index]
+        if row_bucket(len(self.slots)) < self.rows:
+            self.decoder.gather(self._slots, columns)
+            self.slots = list(range(len(self.slots)))
+            self._slots = torch.arange(len(self.slots), device=index.device)
+            self.rows = row_bucket(len(self.slots))
+
+
 class HFSampler(TokenizerContext):
     """`Sampler` over a transformers causal LM.
 
@@ -211,6 +286,11 @@ class HFSampler(TokenizerContext):
             values (sliding-window or linear-attention layers) never reuses.
         narrow_rows: on a CPU, linear layers fed at most this many rows compute W @ x^T (see the module
             docstring); None picks 4 with two or more torch threads and 3 with one, 0 turns it off.
+        decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
+            cache that grows and sheds rows (any model, the fastest on a CPU). "graphs": one CUDA graph replay
+            per step over static key/value buffers (`agents.samplers.static_decode`; Llama-architecture models
+            on a CUDA device), for GPUs, where a small model's step is bound by launching its kernels.
+            "static": the same steps without graphs (any device; what the tests compare with "dynamic").
     """
 
     def __init__(
@@ -224,6 +304,7 @@ class HFSampler(TokenizerContext):
         stop_token_ids: Iterable[int] | None = None,
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         narrow_rows: int | None = None,
+        decode: Literal["dynamic", "static", "graphs"] = "dynamic",
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -249,6 +330,13 @@ class HFSampler(TokenizerContext):
             raise ValueError(f"narrow_rows must be >= 0, got {narrow_rows}")
         self.narrow_rows = narrow_rows
         """Most rows a CPU linear layer computes as W @ x^T; None: 4 with >= 2 torch threads, else 3."""
+        if decode not in ("dynamic", "static", "graphs"):
+            raise ValueError(f"decode must be 'dynamic', 'static' or 'graphs', got {decode!r}")
+        if decode != "dynamic" and not self._plain:
+            raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
+        self.decode = decode
+        """How decode steps run: the model's forward over a growing cache, or static buffers (with CUDA graphs)."""
+        self._static = None if decode == "dynamic" else StaticDecoder(model, graphs=decode == "graphs")
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
@@ -428,10 +516,10 @@ class HFSampler(TokenizerContext):
             attention[b, past + width - len(ids) :] = 1
             positions[b, width - len(ids) :] = torch.arange(m, m + len(ids))
         input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+        widest = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
         cache = DynamicCache(config=self.model.config)
-        if self._plain:
-            room = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
-            cache.layers = [_AppendLayer(room) for _ in cache.layers]
+        if self._plain:  # with static decoding the prefill's cache is copied out before the first step
+            cache.layers = [_AppendLayer(widest if self._static is None else past + width) for _ in cache.layers]
         if past:
             self._fill_past(cache, matches, past)
         self.reused_tokens += sum(m for _, m in matches)
@@ -444,6 +532,8 @@ class HFSampler(TokenizerContext):
             use_cache=True,
             logits_to_keep=1,
         )
+        logits = out.logits[:, -1, :]  # (alive, vocab)
+        steps: _CacheSteps | _StaticSteps = _CacheSteps(self.model, cache)
         next_position = positions[:, -1] + 1  # (alive,)
         alive = list(range(n))  # batch row -> index into rows
         tokens: list[list[int]] = [[] for _ in rows]
@@ -452,7 +542,7 @@ class HFSampler(TokenizerContext):
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
             streams = None if generators is None else [generators[b] for b in alive]
-            token, logp = self._sample(out.logits[:, -1, :], params, streams)  # (alive,), (alive,)
+            token, logp = self._sample(logits, params, streams)  # (alive,), (alive,)
             keep = []
             for j, (b, t, lp) in enumerate(zip(alive, token.tolist(), logp.tolist(), strict=True)):
                 tokens[b].append(t)
@@ -462,22 +552,18 @@ class HFSampler(TokenizerContext):
                 elif len(tokens[b]) < rows[b][2]:
                     keep.append(j)
                     continue
-                self._keep(cache, j, attention[j], rows[b][1] + tokens[b][:-1], matches[b])
+                self._keep(steps.row(j), attention[j], rows[b][1] + tokens[b][:-1], matches[b])
             if not keep:
                 break
             if len(keep) < len(alive):
                 index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
+                steps.select(index, attention.shape[1])
                 attention, token, next_position = attention[index], token[index], next_position[index]
                 alive = [alive[j] for j in keep]
+            if self._static is not None and isinstance(steps, _CacheSteps):
+                steps = _StaticSteps(self._static, steps.cache, attention, widest)
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention,
-                position_ids=next_position[:, None],
-                **{cache_argument(): cache},
-                use_cache=True,
-            )
+            logits = steps(token, attention, next_position)
             next_position = next_position + 1
         return [self._finish(tokens[b], logps[b], reasons[b], params) for b in range(n)]
 
@@ -504,14 +590,13 @@ class HFSampler(TokenizerContext):
 
     def _keep(
         self,
-        cache: DynamicCache,
-        j: int,
+        row: tuple[list[torch.Tensor], list[torch.Tensor]],
         attention: torch.Tensor,
         fed: list[int],
         match: tuple[_Kept | None, int],
     ) -> None:
-        """Keep the keys and values of finished batch row `j` (its unpadded columns, one per token of `fed`);
-        they supersede the kept sequence the row reused if `fed` extends it."""
+        """Keep the keys and values of a finished row (per layer (kv_heads, columns, head_dim); its unpadded
+        columns, one per token of `fed`); they supersede the kept sequence the row reused if `fed` extends it."""
         if self._store is None:
             return
         tokens = np.asarray(fed, dtype=np.int64)
@@ -520,12 +605,9 @@ class HFSampler(TokenizerContext):
         if len(fed) > self._store.max_tokens:
             return
         columns = attention.nonzero().squeeze(-1)  # (len(fed),)
+        keys, values = row
         self._store.add(
-            _Kept(
-                tokens,
-                [layer.keys[j].index_select(1, columns) for layer in cache.layers],
-                [layer.values[j].index_select(1, columns) for layer in cache.layers],
-            )
+            _Kept(tokens, [k.index_select(1, columns) for k in keys], [v.index_select(1, columns) for v in values])
         )
 
     def _sample(

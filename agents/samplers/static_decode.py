@@ -1,0 +1,230 @@
+"""Decode steps over preallocated key/value buffers of fixed shapes, replayed as CUDA graphs on a GPU.
+
+A decode step of a small model is hundreds of tiny kernels (SmolLM2-135M: 30 layers of norms, projections,
+rotary embeddings and attention). Launched one by one from Python, a 64-row step of SmolLM2-135M costs about
+35 ms on an H100, almost all of it host-side dispatch (`benchmarks.sampler_gpu`). A CUDA graph replays the
+whole step with one launch, but it needs every tensor at a fixed address with a fixed shape, which a
+growing, shrinking `DynamicCache` never has. So here the keys and values live in buffers allocated once and
+reused across calls, `(rows, kv_heads, columns, head_dim)` per layer, and the step is our own function of
+the model's modules that writes the new token's keys and values into one column (`index_copy_` with a
+column held in a tensor) and attends over a fixed number of columns under a boolean mask.
+
+Shapes come in buckets so that a few graphs serve every call: rows in powers of two up to the sampler's
+batch size, columns in multiples of `COLUMN_BUCKET`. A graph is captured the first time its (rows, columns)
+pair is needed and replayed afterwards; all graphs share one memory pool. Rows that finish keep their slot
+(their step output is ignored) until the live rows fit a smaller bucket; then the live rows are gathered
+into the first slots and the smaller graph takes over.
+
+Memory policy: the buffers grow to the largest (rows, columns) bucket a call has needed and stay allocated
+(SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x 2,048 columns is 3 GB); they are freed,
+and the graphs dropped, when the model's parameters are replaced by other tensors, when the autocast state
+or the key dtype changes, or with `StaticDecoder.clear()`. In-place weight updates (an optimizer step, a LoRA
+merge) need no recapture: a graph reads the weights by address.
+
+The step reproduces the decoder layer of Llama-architecture models (SmolLM2's, `supports`): grouped-query
+attention for one new token is computed as `kv_heads` heads of `groups` query rows each, which needs no
+repeated keys. On a CPU the same step runs without graphs (`graphs=False`): slower than the dynamic cache
+(attention over the whole column bucket), and there so that tests can check that static decoding samples
+what dynamic decoding samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+COLUMN_BUCKET = 256
+"""Key/value columns come in multiples of this: a call attends over its need rounded up to it."""
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama"})
+"""`config.model_type`s whose decoder layer `_step` reproduces (norm, attention with rotary embeddings, MLP)."""
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether `_step` reproduces this model's forward pass (a Llama-architecture causal LM)."""
+    config = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    return (
+        getattr(config, "model_type", None) in SUPPORTED_MODEL_TYPES
+        and inner is not None
+        and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
+        and hasattr(model, "lm_head")
+    )
+
+
+def row_bucket(rows: int) -> int:
+    """The smallest power of two holding `rows` rows."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def column_bucket(columns: int) -> int:
+    """`columns` rounded up to a multiple of `COLUMN_BUCKET`."""
+    return -(-columns // COLUMN_BUCKET) * COLUMN_BUCKET
+
+
+def _step(
+    model: PreTrainedModel,
+    tokens: torch.Tensor,  # (b,) the token each row feeds
+    positions: torch.Tensor,  # (b,) its position id
+    column: torch.Tensor,  # (1,) the key/value column it is written to
+    mask: torch.Tensor,  # (b, 1, 1, L) bool, True where a row attends
+    keys: list[torch.Tensor],  # per layer (b, kv_heads, L, head_dim)
+    values: list[torch.Tensor],
+) -> torch.Tensor:
+    """One decode step of a Llama-architecture model over static key/value buffers; returns (b, vocab) logits.
+
+    Follows `LlamaForCausalLM.forward` for one token per row, with the row's keys and values written in place.
+    """
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    inner = model.model
+    rows = tokens.shape[0]
+    hidden = inner.embed_tokens(tokens[:, None])  # (b, 1, hidden)
+    cos, sin = inner.rotary_emb(hidden, positions[:, None])
+    for layer, layer_keys, layer_values in zip(inner.layers, keys, values, strict=True):
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        query = attn.q_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, heads, 1, head_dim)
+        key = attn.k_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, kv_heads, 1, head_dim)
+        value = attn.v_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        layer_keys.index_copy_(2, column, key.to(layer_keys.dtype))
+        layer_values.index_copy_(2, column, value.to(layer_values.dtype))
+        # query head h reads key/value head h // groups: for one new token, the groups are rows of one head
+        query = query.reshape(rows, key.shape[1], -1, attn.head_dim)  # (b, kv_heads, groups, head_dim)
+        out = F.scaled_dot_product_attention(query, layer_keys, layer_values, attn_mask=mask, scale=attn.scaling)
+        hidden = hidden + attn.o_proj(out.reshape(rows, 1, -1))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return model.lm_head(inner.norm(hidden))[:, -1]
+
+
+class StaticDecoder:
+    """Static key/value buffers and the decode-step graphs over them, kept by one sampler across its calls.
+
+    Args:
+        model: a Llama-architecture causal LM (`supports`); never modified.
+        graphs: capture and replay each (rows, columns) bucket's step as a CUDA graph (the model must be on a
+            CUDA device); False runs the same step eagerly.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, graphs: bool) -> None:
+        if not supports(model):
+            kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            raise ValueError(
+                f"static decoding reproduces Llama-architecture models (SmolLM2's), not {kind!r}; "
+                "use the dynamic cache (decode='dynamic') for this model"
+            )
+        self.model = model
+        self.device = next(model.parameters()).device
+        if graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; use decode='static'")
+        self.graphs = graphs
+        self.captured = 0
+        """Graphs captured so far (a running count; recaptures after a `clear` count again)."""
+        self._key: tuple | None = None  # what the buffers and graphs were made for
+        self._rows = self._columns = 0
+        self.keys: list[torch.Tensor] = []  # per layer (rows, kv_heads, columns, head_dim)
+        self.values: list[torch.Tensor] = []
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    def clear(self) -> None:
+        """Free the buffers and drop every graph."""
+        self.keys, self.values, self._graphs, self._pool = [], [], {}, None
+        self._rows = self._columns = 0
+        self._key = None
+
+    def begin(self, cache: DynamicCache, columns: int) -> None:
+        """Make room for a call whose prefilled cache is `cache` and whose columns reach `columns`, and copy the
+        prefilled keys and values into the buffers' first rows and columns."""
+        first = cache.layers[0].keys
+        rows = cache.layers[0].keys.shape[0]
+        device_type = self.device.type
+        key = (
+            first.dtype,
+            torch.is_autocast_enabled(device_type),
+            torch.get_autocast_dtype(device_type),
+            tuple(id(p) for p in self.model.parameters()),
+        )
+        if key != self._key:
+            self.clear()
+            self._key = key
+        need_rows, need_columns = max(row_bucket(rows), self._rows), max(column_bucket(columns), self._columns)
+        if (need_rows, need_columns) != (self._rows, self._columns):
+            # grown buffers: the graphs read the old addresses, so they go too
+            self.keys, self.values, self._graphs, self._pool = [], [], {}, None
+            shape = (need_rows, first.shape[1], need_columns, first.shape[-1])
+            # zeros, never uninitialised memory: a masked column still meets a zero attention weight, and 0 * NaN
+            # would be NaN
+            self.keys = [torch.zeros(shape, dtype=first.dtype, device=first.device) for _ in cache.layers]
+            self.values = [torch.zeros(shape, dtype=first.dtype, device=first.device) for _ in cache.layers]
+            self._rows, self._columns = need_rows, need_columns
+            self.tokens = torch.zeros(need_rows, dtype=torch.long, device=first.device)
+            self.positions = torch.zeros(need_rows, dtype=torch.long, device=first.device)
+            self.column = torch.zeros(1, dtype=torch.long, device=first.device)
+            self.mask = torch.zeros((need_rows, 1, 1, need_columns), dtype=torch.bool, device=first.device)
+        used = first.shape[-2]
+        self.mask.zero_()
+        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
+            keys[:rows, :, :used] = layer.keys
+            values[:rows, :, :used] = layer.values
+        self.call_columns = column_bucket(columns)
+
+    def step(self, rows: int) -> torch.Tensor:
+        """Run one step over the first `rows` slots (a row bucket) with the inputs already in `tokens`,
+        `positions`, `column` and `mask`; returns the (rows, vocab) logits (a graph's output buffer: read it
+        before the next step)."""
+        columns = self.call_columns
+        run = self._runner(rows, columns)
+        if not self.graphs:
+            return run()
+        entry = self._graphs.get((rows, columns))
+        if entry is None:
+            entry = self._capture(run)
+            if entry is None:  # capture failed: this decoder steps eagerly from now on (logged once)
+                return run()
+            self._graphs[rows, columns] = entry
+        graph, logits = entry
+        graph.replay()
+        return logits
+
+    def gather(self, slots: torch.Tensor, columns: int) -> None:
+        """Move the rows at `slots` (in order) into the first slots, their first `columns` columns."""
+        count = len(slots)
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[:count, :, :columns] = buffer[slots, :, :columns]
+        self.mask[:count] = self.mask[slots]
+
+    def _runner(self, rows: int, columns: int) -> Callable[[], torch.Tensor]:
+        keys = [k[:rows, :, :columns] for k in self.keys]
+        values = [v[:rows, :, :columns] for v in self.values]
+        tokens, positions, mask = self.tokens[:rows], self.positions[:rows], self.mask[:rows, :, :, :columns]
+        return lambda: _step(self.model, tokens, positions, self.column, mask, keys, values)
+
+    def _capture(self, run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """Capture `run` as a CUDA graph. The warm-up run beforehand (lazy library set-up must not happen during
+        capture) computes exactly what the step will, with the inputs in place, so it writes the same column."""
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                run()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = run()
+        except Exception as err:
+            logger.warning("capturing a decode step as a CUDA graph failed (%s); decoding without graphs", err)
+            self.graphs = False
+            self._graphs, self._pool = {}, None
+            return None
+        self._pool = graph.pool()
+        self.captured += 1
+        return graph, logits

@@ -1,0 +1,129 @@
+"""Static key/value buffers for the decode steps (`decode="static"`, and "graphs" on a GPU): same samples.
+
+Every comparison runs the same calls on a sampler with the dynamic cache and one with static buffers, with the
+same seeds: the sampled tokens must be identical and the log-probs within 1e-5, absolute or relative (CPU,
+float32; the attention sums in another order). Rows end at
+different steps (the stop string "k", which about one random token in twenty holds), so finished rows leave
+their slots and the live ones are gathered into smaller row buckets; later turns reuse the keys and values the
+static path kept.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.models import tiny_model
+from agents.records import SamplingParams
+from agents.samplers import HFSampler, encode_chat
+from agents.samplers.static_decode import COLUMN_BUCKET, StaticDecoder, column_bucket, row_bucket, supports
+
+QUESTIONS = [
+    "Who wrote Dune?",
+    "Which river flows through the city that hosted the 1936 Olympics?",
+    "Hi",
+    "Is Paris the capital of France?",
+    "Name a planet.",
+]
+TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    _, tokenizer = tiny
+    return [encode_chat(tokenizer, [{"role": "user", "content": f"{q} ({i})"}]) for i, q in enumerate(QUESTIONS * 2)]
+
+
+def assert_same(got, expected) -> None:
+    for a, b in zip(got, expected, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.text == b.text and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=TOLERANCE, rel=TOLERANCE)
+
+
+def test_buckets():
+    assert [row_bucket(n) for n in (1, 2, 3, 4, 5, 17, 64)] == [1, 2, 4, 4, 8, 32, 64]
+    assert column_bucket(1) == COLUMN_BUCKET and column_bucket(COLUMN_BUCKET + 1) == 2 * COLUMN_BUCKET
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=32, temperature=1.0, seed=1, stop=("k",)),
+        SamplingParams(max_new_tokens=32, temperature=0.0, stop=("k",)),
+        SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, seed=2, stop=("k",)),
+        SamplingParams(max_new_tokens=32, temperature=1.0, row_seeds=tuple(range(10)), stop=("k",)),
+    ],
+    ids=["t1", "greedy", "top_p", "row_seeds"],
+)
+def test_static_steps_sample_what_the_dynamic_cache_samples(tiny, prompts, params):
+    model, tokenizer = tiny
+    dynamic = HFSampler(model, tokenizer)
+    static = HFSampler(model, tokenizer, decode="static")
+    contexts = [list(p) for p in prompts]
+    lengths = set()
+    for turn in range(3):  # later turns extend the contexts: both samplers reuse what they kept
+        call = SamplingParams(**{**params.__dict__, "seed": None if params.seed is None else params.seed + turn})
+        expected = dynamic.generate(contexts, call)
+        assert_same(static.generate(contexts, call), expected)
+        lengths |= {len(c.token_ids) for c in expected}
+        for row, completion in enumerate(expected):
+            contexts[row] += [*completion.token_ids, *tokenizer(f" turn {turn} row {row}.")["input_ids"]]
+    assert len(lengths) >= 4  # rows left the batch at many steps: slots were freed and gathered
+    assert static.reused_tokens == dynamic.reused_tokens > 0
+    assert static.cached_sequences == dynamic.cached_sequences
+
+
+def test_the_buffers_persist_across_calls_and_grow_only_when_needed(tiny, prompts):
+    model, tokenizer = tiny
+    sampler = HFSampler(model, tokenizer, decode="static", cache_tokens=0)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    sampler.generate(prompts[:3], params)
+    decoder = sampler._static
+    first = decoder.keys[0]
+    assert first.shape[0] == 4 and first.shape[2] == COLUMN_BUCKET  # 3 rows -> 4 slots; columns in one bucket
+    sampler.generate(prompts[:2], params)
+    assert decoder.keys[0] is first  # fewer rows: the same buffers
+    sampler.generate(prompts[:8], params)
+    assert decoder.keys[0].shape[0] == 8 and decoder.keys[0] is not first
+    long_prompt = prompts[0] + tokenizer(" word" * COLUMN_BUCKET)["input_ids"]
+    sampler.generate([long_prompt], params)
+    assert decoder.keys[0].shape[:3:2] == (8, 2 * COLUMN_BUCKET)
+    with torch.no_grad():  # an in-place update (an optimizer step) keeps the buffers
+        next(model.parameters()).add_(0.0)
+    sampler.generate(prompts[:1], params)
+    assert decoder.keys[0].shape[0] == 8
+
+
+def test_static_decoding_refuses_what_it_cannot_do(tiny):
+    model, tokenizer = tiny
+    assert supports(model)
+    with pytest.raises(ValueError, match="CUDA device"):
+        HFSampler(model, tokenizer, decode="graphs")
+    with pytest.raises(ValueError, match="decode must be"):
+        HFSampler(model, tokenizer, decode="compiled")  # type: ignore[arg-type]
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    other = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer)))
+    assert not supports(other)
+    with pytest.raises(ValueError, match="Llama-architecture"):
+        StaticDecoder(other, graphs=False)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
+    model, tokenizer = tiny_model(seed=0)
+    model = model.cuda()
+    params = SamplingParams(max_new_tokens=32, temperature=0.0, stop=("k",))
+    graphs = HFSampler(model, tokenizer, decode="graphs")
+    expected = HFSampler(model, tokenizer).generate(prompts, params)
+    got = graphs.generate(prompts, params)
+    for a, b in zip(got, expected, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4, rel=0)
+    assert graphs._static.graphs and graphs._static.captured >= 1
+    captured = graphs._static.captured
+    assert [c.token_ids for c in graphs.generate(prompts, params)] == [c.token_ids for c in expected]
+    assert graphs._static.captured == captured  # the second call replays the graphs it captured
