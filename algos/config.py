@@ -102,7 +102,8 @@ class Config:
     corpus_path: str | None = None
     """A Search-R1-format corpus file (JSON lines of {"id", "contents"}) to search instead of the bundled corpus."""
     retriever: str = "bm25"
-    """Retriever of the env: bm25, bm25-matrix, dense, hybrid, or a server URL (unused with corpus=distractor)."""
+    """Retriever of the env: bm25, bm25-matrix, bm25-python (no JVM), dense, hybrid, or a server URL (unused with
+    corpus=distractor)."""
     retriever_timeout: float = 30.0
     """Server URL only: seconds allowed for each retrieval request."""
     retriever_retries: int = 2

@@ -411,7 +411,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     env = parser.add_argument_group("env settings", "RAGEnv arguments, as the trainer's flags of the same names")
     env.add_argument("--data-path", default=None, help="an official data file instead of the bundled split")
     env.add_argument("--corpus-path", default=None, help="a Search-R1-format corpus file instead of the bundled one")
-    env.add_argument("--retriever", default=None, help="bm25 (default), bm25-matrix, dense, hybrid, or a server URL")
+    env.add_argument(
+        "--retriever", default=None, help="bm25 (default), bm25-matrix, bm25-python, dense, hybrid, or a server URL"
+    )
     env.add_argument("--corpus", choices=("pooled", "distractor"), default=None, help="pooled (default) or distractor")
     env.add_argument("--top-k", type=int, default=None, help="passages per search (default 3)")
     env.add_argument("--max-passage-words", type=int, default=None, help="words kept of each passage (default 80)")

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     from retrievers.dense import DenseRetriever
     from retrievers.encoders import HFEncoder
     from retrievers.hybrid import HybridRetriever
+    from retrievers.inmemory import InMemoryBM25
 
     if args.intra_threads > 0:
         torch.set_num_threads(args.intra_threads)
@@ -144,6 +145,10 @@ def main(argv: list[str] | None = None) -> dict:
     matrix_build = time.perf_counter() - start
     matrix_file = next((Path(os.environ["REDCODA_CACHE"]) / "bm25_matrix").glob("*.npz"))
 
+    start = time.perf_counter()
+    python_bm25 = InMemoryBM25.for_corpus(corpus)
+    python_build = time.perf_counter() - start
+
     encoder = HFEncoder(device="cpu")
     sample = [corpus.contents(i) for i in range(0, len(corpus), max(1, len(corpus) // args.encode_sample))]
     sample = sample[: args.encode_sample]
@@ -155,12 +160,20 @@ def main(argv: list[str] | None = None) -> dict:
     builds = {
         "bm25": (bm25_build, size_mb(bm25.index_dir), "Lucene index"),
         "bm25-matrix": (bm25_build + matrix_build, size_mb(bm25.index_dir) + size_mb(matrix_file), "+ matrix"),
+        "bm25-python": (python_build, 0.0, "in memory, no JVM"),
         "dense-flat": (flat.build_seconds, size_mb(flat.index_path), "FAISS add; + embeddings"),
         "dense-hnsw": (hnsw.build_seconds, size_mb(hnsw.index_path), "FAISS add; + embeddings"),
         "hybrid": (bm25_build + flat.build_seconds, size_mb(bm25.index_dir) + size_mb(flat.index_path), "both"),
     }
 
-    named = {"bm25": bm25, "bm25-matrix": bm25_matrix, "dense-flat": flat, "dense-hnsw": hnsw, "hybrid": hybrid}
+    named = {
+        "bm25": bm25,
+        "bm25-matrix": bm25_matrix,
+        "bm25-python": python_bm25,
+        "dense-flat": flat,
+        "dense-hnsw": hnsw,
+        "hybrid": hybrid,
+    }
     for name, retriever in named.items():
         results = retriever.batch_search(questions, max(k, 5))
         [retriever.search(q, k) for q in questions]  # warm-up of the one-query path (the JVM's JIT above all)

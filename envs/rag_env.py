@@ -29,7 +29,7 @@ from envs.rewards import (
 from envs.spaces import UnicodeText
 from retrievers.base import clean_query
 
-RETRIEVER_KINDS = ("bm25", "bm25-matrix", "dense", "hybrid")
+RETRIEVER_KINDS = ("bm25", "bm25-matrix", "bm25-python", "dense", "hybrid")
 MAX_ERROR_CHARS = 1000
 """Longest error text an observation (and ``info["error"]``) carries; longer ones are cut with "..."."""
 
@@ -98,7 +98,7 @@ def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
 
     Args:
         kind: bm25 (Lucene), bm25-matrix (the same BM25 ranking, scored in batches as a sparse product),
-            dense or hybrid.
+            bm25-python (a BM25 in pure Python, no JVM: unstemmed words, so not Lucene's ranking), dense or hybrid.
         corpus: the `retrievers.corpus.Corpus` to search.
         query_cache: size of an LRU cache of (query, k) results shared by every env using this retriever, so
             the G episodes of a GRPO group that send the same query hit the index once (0: no cache).
@@ -114,6 +114,10 @@ def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
         from retrievers.bm25 import BM25Retriever
 
         retriever = BM25Retriever.for_corpus(corpus, engine="matrix")
+    elif kind == "bm25-python":
+        from retrievers.inmemory import InMemoryBM25
+
+        retriever = InMemoryBM25.for_corpus(corpus)
     elif kind == "dense":
         from retrievers.dense import DenseRetriever
 
@@ -207,7 +211,7 @@ class RAGEnv(gym.Env[str, str]):
     | dataset | "hotpotqa" | hotpotqa, musique, 2wiki or bamboogle |
     | split | "train" | bundled split (hotpotqa train/dev, musique and 2wiki dev, bamboogle test) |
     | protocol | "flat" | flat or coda |
-    | retriever | None | None (BM25), a kind ("bm25", "bm25-matrix", "dense", "hybrid"), a server URL, or a Retriever |
+    | retriever | None | None (BM25), a kind ("bm25", "bm25-matrix", "bm25-python", "dense", "hybrid"), a server URL, or a Retriever |
     | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
     | data_path | None | an official data file to use instead of the bundled split |
     | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |

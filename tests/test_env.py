@@ -159,6 +159,42 @@ def test_distractor_setting_searches_only_own_paragraphs():
     assert titles and set(titles) <= own
 
 
+def test_pure_python_bm25_searches_the_pooled_corpus_without_a_jvm():
+    """retriever="bm25-python" (for machines without a JDK): a scripted episode over the pooled corpus reaches the
+    maximum reward in a process that never starts the JVM, and the scores are BM25's formula."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gymnasium as gym, jnius_config, envs\n"
+        "from tests.test_env import oracle_flat_actions, run\n"
+        "env = gym.make('RedCoda-HotpotQA-v0', retriever='bm25-python')\n"
+        "reward, terminated, _, info = run(env, 0, oracle_flat_actions(env.unwrapped.examples[0]))\n"
+        "assert terminated and info['recall'] == 1.0 and info['f1'] == 1.0, info\n"
+        "assert not jnius_config.vm_running\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+    import math
+
+    from retrievers.inmemory import InMemoryBM25, tokenize
+
+    passages = [("a", "Paris", "Paris is the capital of France."), ("b", "Lyon", "Lyon is a city in France, France.")]
+    passages += [(f"x{i}", f"Filler {i}", "Nothing about the query here.") for i in range(8)]
+    retriever = InMemoryBM25(passages)
+    hits = retriever.search("capital of France", 10)
+    assert [p.doc_id for p in hits] == ["a", "b"]  # only passages holding a query term; the better one first
+    lengths = [len(tokenize(f"{t} {x}")) for _, t, x in passages]
+    avg = sum(lengths) / len(lengths)
+
+    def term(tf: int, df: int, length: int) -> float:
+        idf = math.log(1 + (len(passages) - df + 0.5) / (df + 0.5))
+        return idf * tf * 1.9 / (tf + 0.9 * (1 - 0.4 + 0.4 * length / avg))
+
+    assert hits[0].score == pytest.approx(term(1, 1, lengths[0]) + term(1, 2, lengths[0]), rel=1e-12)
+    assert hits[1].score == pytest.approx(term(2, 2, lengths[1]), rel=1e-12)
+
+
 def test_top_k_and_passage_length_are_arguments():
     env = make(top_k=5, max_passage_words=10)
     env.reset(options={"index": 0})
