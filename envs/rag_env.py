@@ -211,7 +211,7 @@ class RAGEnv(gym.Env[str, str]):
     | dataset | "hotpotqa" | hotpotqa, musique, 2wiki or bamboogle |
     | split | "train" | bundled split (hotpotqa train/dev, musique and 2wiki dev, bamboogle test) |
     | protocol | "flat" | flat or coda |
-    | retriever | None | None (BM25), a kind ("bm25", "bm25-matrix", "bm25-python", "dense", "hybrid"), a server URL, or a Retriever |
+    | retriever | None | None (BM25), a kind in `RETRIEVER_KINDS` ("bm25", "dense", ...), a URL, or a Retriever |
     | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
     | data_path | None | an official data file to use instead of the bundled split |
     | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |
