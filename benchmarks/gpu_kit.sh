@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Prepare, on a machine with the project installed, what a GPU machine without network access needs to train the
+# real SmolLM2-135M-Instruct (`benchmarks/gpu_real.sh`): wheels of the pure-Python (and small binary) dependencies
+# its image lacks, in .whl/, and the model's GGUF cut into pieces that fit beside the working tree in one transfer,
+# in .gpu/. Both folders are ignored by git (the script adds them to .git/info/exclude).
+#
+#   bash benchmarks/gpu_kit.sh              # pieces of 24 MB (PIECE_MB=... to change), wheels for Python 3.12
+#
+# The image this targets (recorded in benchmarks/README.md) has torch 2.11 and transformers, but not gymnasium,
+# tensordict, torchrl, tyro or gguf; TORCHRL/TENSORDICT name the versions built for its torch.
+set -euo pipefail
+PIECE_MB=${PIECE_MB:-24}
+TORCHRL=${TORCHRL:-0.12.0}
+TENSORDICT=${TENSORDICT:-0.12.4}
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+for path in /.whl/ /.gpu/; do grep -qxF "$path" "$exclude" 2>/dev/null || echo "$path" >>"$exclude"; done
+
+rm -rf .whl && mkdir -p .whl
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+for package in "torchrl==$TORCHRL" "tensordict==$TENSORDICT" gymnasium farama-notifications tyro docstring-parser \
+  typeguard gguf pyvers orjson importlib_metadata; do
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d .whl "$package"
+done
+
+rm -rf .gpu && mkdir -p .gpu
+gguf=$(python -c "from agents.models import smollm2_gguf_path; print(smollm2_gguf_path())")
+split -b "${PIECE_MB}M" -d "$gguf" .gpu/smollm2.gguf.part
+sha256sum "$gguf" | cut -d' ' -f1 >.gpu/smollm2.gguf.sha256
+travels=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb | tail -n 1 | cut -f1)
+echo "working tree that travels with every call: $((travels / 1000000)) MB (a call carries at most 67 MB)"
+du -b .whl | awk '{printf ".whl: %d MB\n", $1 / 1000000}'
+ls -l .gpu | awk 'NR > 1 {printf "%s %d MB\n", $NF, $5 / 1000000}'

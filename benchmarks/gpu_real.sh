@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# On a CUDA machine without network access: the real SmolLM2-135M-Instruct (its GGUF, carried in pieces made by
+# `benchmarks/gpu_kit.sh`), the pooled corpus searched by the pure-Python BM25 (no JVM there), and
+#   check   - the CUDA-graph decode test, and the sampler against model.generate with and without graphs (fp32,
+#             then bf16 as the gpu preset samples);
+#   steps   - two steps of the seed's configuration (the gpu preset: 32 questions x 2 episodes, 256 new tokens a
+#             turn) with the dynamic cache, then with CUDA graphs, each one's second step split by part;
+#   curves  - the main job's trainer on the gpu preset for STEPS steps (20 by default) with CUDA graphs, its reward,
+#             F1, valid-answer and SFT-weight curves (metrics.jsonl, curves.png) and its before/after table.
+#
+#   bash benchmarks/gpu_real.sh check steps curves        # any subset, in this order; output under $OUT (or /tmp)
+#
+# The pieces must all be in .gpu/ (carried one call at a time: see "Bringing the real model" in
+# benchmarks/README.md); the wheels in .whl/ are installed into /tmp/site.
+set -euo pipefail
+OUT=${OUT:-/tmp/gpu-real}
+STEPS=${STEPS:-20}
+mkdir -p "$OUT"
+export REDCODA_CACHE=/tmp/redcoda-cache WANDB_MODE=disabled PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+# converted where the project looks for its default model, so --model can stay unset and the tests' tiny models
+# find the real tokenizer
+model=$(python3 -c "from agents.models import smollm2_cache_dir; print(smollm2_cache_dir())")
+if [ ! -f "$model/model.safetensors" ]; then
+  cat .gpu/smollm2.gguf.part* >/tmp/smollm2.gguf
+  if [ "$(sha256sum /tmp/smollm2.gguf | cut -d' ' -f1)" != "$(cat .gpu/smollm2.gguf.sha256)" ]; then
+    echo "the joined GGUF does not match its checksum: a piece is missing or stale" >&2
+    ls -l .gpu >&2
+    exit 1
+  fi
+  python3 -c "from agents.models import load_model; m, t = load_model('/tmp/smollm2.gguf'); \
+m.save_pretrained('$model'); t.save_pretrained('$model'); print(sum(p.numel() for p in m.parameters()) / 1e6, 'M')"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+COMMON=(--preset gpu --model "$model" --retriever bm25-python --save-every 0)
+split() {  # the last step's time split of a run's metrics.jsonl
+  python3 - "$1" <<'PY'
+import json, sys
+last = [json.loads(line) for line in open(sys.argv[1])][-1]
+keys = ["step", "time/step", "time/generation", "time/env_and_retrieval", "time/old_logp", "time/forward_backward",
+        "tokens/sampled", "tokens/trained", "tokens/s_generation", "critic/rewards/mean", "answer_f1/mean", "env/answered"]
+print({k: round(last[k], 3) if isinstance(last[k], float) else last[k] for k in keys if k in last})
+PY
+}
+for phase in "$@"; do
+  case $phase in
+    check)
+      python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_static_decode.py 2>&1 | tail -n 3
+      python3 -m benchmarks.sampler_gpu --model "$model" 2>&1 | tee "$OUT/sampler_gpu_fp32.log" | grep -v Warning
+      python3 -m benchmarks.sampler_gpu --model "$model" --bf16 2>&1 | tee "$OUT/sampler_gpu_bf16.log" | grep -v Warning
+      ;;
+    steps)
+      for decode in dynamic graphs; do
+        python3 -m algos.grpo "${COMMON[@]}" --steps 2 --eval-questions 0 --sampler-decode $decode \
+          --run-dir "$OUT/steps-$decode" >"$OUT/steps-$decode.log" 2>&1 || { tail -n 30 "$OUT/steps-$decode.log"; exit 1; }
+        echo "grpo, gpu preset, sampler $decode, step 2:"
+        split "$OUT/steps-$decode/metrics.jsonl"
+      done
+      ;;
+    curves)
+      python3 -m algos.red_grpo "${COMMON[@]}" --steps "$STEPS" --sampler-decode graphs --run-dir "$OUT/curves" \
+        >"$OUT/curves.log" 2>&1 || { tail -n 30 "$OUT/curves.log"; exit 1; }
+      tail -n 25 "$OUT/curves.log"
+      ;;
+    *) echo "unknown phase $phase (check, steps, curves)" >&2; exit 2 ;;
+  esac
+done
