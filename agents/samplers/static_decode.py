@@ -15,11 +15,12 @@ pair is needed and replayed afterwards; all graphs share one memory pool. Rows t
 (their step output is ignored) until the live rows fit a smaller bucket; then the live rows are gathered
 into the first slots and the smaller graph takes over.
 
-Memory policy: the buffers grow to the largest (rows, columns) bucket a call has needed and stay allocated
-(SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x 2,048 columns is 3 GB); they are freed,
-and the graphs dropped, when the model's parameters are replaced by other tensors, when the autocast state
-or the key dtype changes, or with `StaticDecoder.clear()`. In-place weight updates (an optimizer step, a LoRA
-merge) need no recapture: a graph reads the weights by address.
+Memory policy: the buffers grow to the largest (rows, columns) bucket a call has needed (columns at least
+doubling when they grow) and stay allocated (SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x
+2,048 columns is 3 GB); they are freed, and the graphs dropped, when the model's parameters are replaced by other
+tensors, when the autocast state or the key dtype changes, or with `StaticDecoder.clear()`. In-place weight
+updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the weights by address. Each graph
+keeps its logits output (rows x vocabulary floats) alive.
 
 The step reproduces the decoder layer of Llama-architecture models (SmolLM2's, `supports`): grouped-query
 attention for one new token is computed as `kv_heads` heads of `groups` query rows each, which needs no
@@ -156,6 +157,9 @@ class StaticDecoder:
             self.clear()
             self._key = key
         need_rows, need_columns = max(row_bucket(rows), self._rows), max(column_bucket(columns), self._columns)
+        if need_columns > self._columns and self._columns:
+            # contexts grow turn by turn: doubling keeps the regrowths (and recaptures) to a handful per run
+            need_columns = max(need_columns, 2 * self._columns)
         if (need_rows, need_columns) != (self._rows, self._columns):
             # grown buffers: the graphs read the old addresses, so they go too
             self.keys, self.values, self._graphs, self._pool = [], [], {}, None
