@@ -51,12 +51,16 @@ def supports(model: torch.nn.Module) -> bool:
     """Whether `_step` reproduces this model's forward pass (a Llama-architecture causal LM)."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
-    return (
+    if not (
         getattr(config, "model_type", None) in SUPPORTED_MODEL_TYPES
         and inner is not None
         and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
         and hasattr(model, "lm_head")
-    )
+    ):
+        return False
+    # rotary embeddings that rescale with the sequence length read it on the host: not a fixed-shape step
+    rope = str(getattr(inner.rotary_emb, "rope_type", "default"))
+    return "dynamic" not in rope and rope != "longrope"
 
 
 def row_bucket(rows: int) -> int:
