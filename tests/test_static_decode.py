@@ -76,6 +76,17 @@ def test_static_steps_sample_what_the_dynamic_cache_samples(tiny, prompts, param
     assert static.cached_sequences == dynamic.cached_sequences
 
 
+def test_prefixes_shared_within_a_call_are_reused_by_static_steps(tiny):
+    model, tokenizer = tiny
+    instructions = tokenizer("Answer the question by searching. " * 8, add_special_tokens=False)["input_ids"]
+    x, y = (tokenizer(q, add_special_tokens=False)["input_ids"] for q in (" Who wrote Dune?", " Where is Paris?"))
+    prompts = [instructions + x, instructions + x, instructions + y]
+    params = SamplingParams(max_new_tokens=12, seed=4, stop=("k",))
+    dynamic, static = HFSampler(model, tokenizer), HFSampler(model, tokenizer, decode="static")
+    assert_same(static.generate(prompts, params), dynamic.generate(prompts, params))
+    assert static.shared_prefilled_tokens == dynamic.shared_prefilled_tokens > 0
+
+
 def test_the_buffers_persist_across_calls_and_grow_only_when_needed(tiny, prompts):
     model, tokenizer = tiny
     sampler = HFSampler(model, tokenizer, decode="static", cache_tokens=0)
