@@ -17,7 +17,9 @@ reproduce on questions it has never seen:
 The number of searches therefore varies (one when the first results already hold the answer). With
 ``follow_bridge`` it searches a missing gold title that the question or the results name even when the answer is
 already shown (not for yes/no questions, whose evidence rule already asks for both gold passages), so the second
-query names the bridge entity wherever it can, up to ``max_searches``. An episode
+query names the bridge entity wherever it can, up to ``max_searches``. With ``restate_question`` every answering
+turn first copies the question it answers (the executor's: its task) into ``<think>``, so the answer is written
+right after the words that say what is asked, not three passages away from them. An episode
 is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
 shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded episodes only.
 CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that the
@@ -116,6 +118,8 @@ class OracleAgent(ContextAgent):
         quote_words: longest evidence quote, in words; 0 answers without a ``<refine>`` quote.
         follow_bridge: search a missing gold title that is named where the oracle can read it even when the
             answer is already shown (see the module docstring).
+        restate_question: answering turns open with ``<think>`` and the question they answer (see the module
+            docstring).
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class OracleAgent(ContextAgent):
         max_tasks: int = 2,
         quote_words: int = 12,
         follow_bridge: bool = False,
+        restate_question: bool = False,
     ) -> None:
         if quote_words < 0:
             raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
@@ -135,6 +140,7 @@ class OracleAgent(ContextAgent):
         self.max_tasks = max_tasks
         self.quote_words = quote_words
         self.follow_bridge = follow_bridge
+        self.restate_question = restate_question
         self.max_context_tokens = 1 << 30
         self.params = self.executor_params = SamplingParams(max_new_tokens=0)
         self._plans: dict[tuple[int, str], _Plan] = {}
@@ -193,7 +199,7 @@ class OracleAgent(ContextAgent):
         evidence = " ".join(plan.results)
         if plan.results and _contains(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
             plan.grounded = _contains(evidence, example.answer) or is_yes_no(example.answer)
-            return self._written_answer(evidence, example.answer)
+            return self._written_answer(evidence, example.answer, example.question)
         if not plan.tasks:
             task = example.question
         else:
@@ -215,23 +221,24 @@ class OracleAgent(ContextAgent):
                 query = question
             else:
                 if not missing:
-                    return self._answer(plan, answer, None)
+                    return self._answer(plan, answer, None, question)
                 query = (copyable or missing)[0]
                 plan.copyable_queries &= bool(copyable)
                 plan.queried.update(t for t in missing if _base_title(t) == query or t == query)
             plan.searches += 1
             return f"<think>I need to search.</think>\n<search>{query}</search>"
-        return self._answer(plan, answer, quote)
+        return self._answer(plan, answer, quote, question)
 
-    def _answer(self, plan: _Plan, answer: str, quote: str | None) -> str:
+    def _answer(self, plan: _Plan, answer: str, quote: str | None, question: str) -> str:
         plan.grounded = quote is not None
         evidence = quote or " ".join(plan.shown.values())[: 40 * 8] or "I found nothing."
-        return self._written_answer(evidence, answer)
+        return self._written_answer(evidence, answer, question)
 
-    def _written_answer(self, evidence: str, answer: str) -> str:
+    def _written_answer(self, evidence: str, answer: str, question: str) -> str:
+        restated = f"<think>{question.strip()}</think>\n" if self.restate_question else ""
         if self.quote_words == 0:
-            return f"<answer>{answer}</answer>"
-        return f"<refine>{evidence}</refine>\n<answer>{answer}</answer>"
+            return f"{restated}<answer>{answer}</answer>"
+        return f"{restated}<refine>{evidence}</refine>\n<answer>{answer}</answer>"
 
     def _evidence(self, plan: _Plan, example: QAExample) -> str | None:
         """The quote the answer is read from, or None while the shown passages do not hold it."""

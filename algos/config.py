@@ -218,6 +218,9 @@ class Config:
     follow_bridge: bool = False
     """Demonstrations search a missing gold title that the question or the results name even when the answer is
     already shown, so the second query names the bridge entity wherever it can (`agents.oracle`)."""
+    restate_question: bool = False
+    """Demonstrations open each answering turn with <think> and the question it answers (the executor's: its task),
+    so the answer is written right after the words that say what is asked (`agents.oracle`)."""
     red_max_factor: float = 5.0
     """RED's G: bound of each factor; the weight lies in [1, G^2]."""
     red_decay: float = 0.99

@@ -64,6 +64,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         "oracle": ORACLE_VERSION,
         **({"quote_words": config.quote_words} if config.quote_words != Config.quote_words else {}),  # default: old key
         **({"follow_bridge": True} if config.follow_bridge else {}),
+        **({"restate_question": True} if config.restate_question else {}),
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -99,6 +100,7 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
         max_searches=config.max_search_turns,
         quote_words=config.quote_words,
         follow_bridge=config.follow_bridge,
+        restate_question=config.restate_question,
     )
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:

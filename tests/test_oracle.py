@@ -241,6 +241,30 @@ def test_following_the_bridge_searches_a_named_missing_title_even_when_the_answe
     assert followed >= 2, "the first 16 dev questions hold bridge questions whose answer the first results show"
 
 
+def test_restating_the_question_opens_every_answering_turn_with_it(episodes, bm25, tokenizer):
+    """`restate_question`: the same episodes, each answering turn preceded by <think> and the question it answers
+    (flat and planner: the question; executor: its task); the env scores them as before."""
+    protocol, _, default = episodes
+    env_list = [gym.make(ENV_IDS[protocol], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+    restating = OracleAgent(tokenizer, seed=0, restate_question=True).rollout(env_list, ROWS, seed=0)
+    for before, after in zip(default, restating, strict=True):
+        example = env_list[0].unwrapped.examples[before.example_index]
+        assert after.info["f1"] == 1.0 and after.info["oracle_grounded"] == before.info["oracle_grounded"]
+        assert after.reward == pytest.approx(before.reward)
+        assert len(after.actions) == len(before.actions)
+        tasks = [example.question]
+        for old, new in zip(before.actions, after.actions, strict=True):
+            tasks += re.findall(r"<task>(.*?)</task>", old)
+            if "<answer>" not in old:
+                assert new == old
+                continue
+            restated = re.fullmatch(r"<think>(.*?)</think>\n(.*)", new, flags=re.S)
+            assert restated and restated.group(2) == old
+            assert restated.group(1) in {t.strip() for t in tasks}
+        final = re.fullmatch(r"<think>(.*?)</think>\n.*", after.actions[-1], flags=re.S)
+        assert final and final.group(1) == example.question.strip()  # the last answer is the episode's
+
+
 def test_the_oracle_reads_search_r1_observations_too(bm25, tokenizer):
     """In Search-R1's observation format (``Doc 1(Title: "..") text``, whole passages) the oracle sees what was shown:
     it grounds its answers and never searches a title already shown, as in ours."""
