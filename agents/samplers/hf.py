@@ -47,7 +47,8 @@ Decode steps on a GPU: a small model's step is bound by launching its kernels on
 step of SmolLM2-135M: about 35 ms on an H100). `decode="graphs"` replays each step as one CUDA graph over static
 key/value buffers (`agents.samplers.static_decode`): the prefill runs as above, then the first decode step copies
 the prefilled keys and values into those buffers. `decode="static"` runs the same steps without graphs; it
-samples what the dynamic path samples (tested: same tokens, log-probs within 1e-5, CPU float32).
+samples what the dynamic path samples (tested: same tokens, log-probs within 1e-5 absolute or relative, CPU
+float32).
 
 Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
 times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
