@@ -137,11 +137,12 @@ class StaticDecoder:
         self.keys: list[torch.Tensor] = []  # per layer (rows, kv_heads, columns, head_dim)
         self.values: list[torch.Tensor] = []
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._runners: dict[tuple[int, int], Callable[[], torch.Tensor]] = {}
         self._pool = None
 
     def clear(self) -> None:
         """Free the buffers and drop every graph."""
-        self.keys, self.values, self._graphs, self._pool = [], [], {}, None
+        self.keys, self.values, self._graphs, self._runners, self._pool = [], [], {}, {}, None
         self._rows = self._columns = 0
         self._key = None
 
@@ -149,7 +150,7 @@ class StaticDecoder:
         """Make room for a call whose prefilled cache is `cache` and whose columns reach `columns`, and copy the
         prefilled keys and values into the buffers' first rows and columns."""
         first = cache.layers[0].keys
-        rows = cache.layers[0].keys.shape[0]
+        rows = first.shape[0]
         device_type = self.device.type
         key = (
             first.dtype,
@@ -166,7 +167,7 @@ class StaticDecoder:
             need_columns = max(need_columns, 2 * self._columns)
         if (need_rows, need_columns) != (self._rows, self._columns):
             # grown buffers: the graphs read the old addresses, so they go too
-            self.keys, self.values, self._graphs, self._pool = [], [], {}, None
+            self.keys, self.values, self._graphs, self._runners, self._pool = [], [], {}, {}, None
             shape = (need_rows, first.shape[1], need_columns, first.shape[-1])
             # zeros, never uninitialised memory: a masked column still meets a zero attention weight, and 0 * NaN
             # would be NaN
@@ -189,7 +190,9 @@ class StaticDecoder:
         `positions`, `column` and `mask`; returns the (rows, vocab) logits (a graph's output buffer: read it
         before the next step)."""
         columns = self.call_columns
-        run = self._runner(rows, columns)
+        run = self._runners.get((rows, columns))
+        if run is None:  # the buffer views of a bucket, made once: a step is on the hot path
+            run = self._runners[rows, columns] = self._runner(rows, columns)
         if not self.graphs:
             return run()
         entry = self._graphs.get((rows, columns))
