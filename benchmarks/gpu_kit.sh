@@ -4,12 +4,15 @@
 # its image lacks, in .whl/, and the model's GGUF cut into pieces that fit beside the working tree in one transfer,
 # in .gpu/. Both folders are ignored by git (the script adds them to .git/info/exclude).
 #
-#   bash benchmarks/gpu_kit.sh              # pieces of 24 MB (PIECE_MB=... to change), wheels for Python 3.12
+#   bash benchmarks/gpu_kit.sh              # pieces of 25 MiB (PIECE_MB=... to change), wheels for Python 3.12
+#
+# It prints how big the working tree that travels with every call is, and the pieces: each call may carry 64 MiB
+# with the tree, and the call that carries .whl/ should carry the smallest piece.
 #
 # The image this targets (recorded in benchmarks/README.md) has torch 2.11 and transformers, but not gymnasium,
 # tensordict, torchrl, tyro or gguf; TORCHRL/TENSORDICT name the versions built for its torch.
 set -euo pipefail
-PIECE_MB=${PIECE_MB:-24}
+PIECE_MB=${PIECE_MB:-25}
 TORCHRL=${TORCHRL:-0.12.0}
 TENSORDICT=${TENSORDICT:-0.12.4}
 exclude=$(git rev-parse --git-path info/exclude)
@@ -29,6 +32,6 @@ gguf=$(python -c "from agents.models import smollm2_gguf_path; print(smollm2_ggu
 split -b "${PIECE_MB}M" -d "$gguf" .gpu/smollm2.gguf.part
 sha256sum "$gguf" | cut -d' ' -f1 >.gpu/smollm2.gguf.sha256
 travels=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb | tail -n 1 | cut -f1)
-echo "working tree that travels with every call: $((travels / 1000000)) MB (a call carries at most 67 MB)"
-du -b .whl | awk '{printf ".whl: %d MB\n", $1 / 1000000}'
-ls -l .gpu | awk 'NR > 1 {printf "%s %d MB\n", $NF, $5 / 1000000}'
+echo "working tree that travels with every call: $((travels / 1048576)) MiB (a call carries at most 64 MiB)"
+du -b .whl | awk '{printf ".whl: %.1f MiB\n", $1 / 1048576}'
+ls -l .gpu | awk 'NR > 1 {printf "%s %.1f MiB\n", $NF, $5 / 1048576}'

@@ -23,6 +23,23 @@ import time
 from collections.abc import Sequence
 
 
+def _agreement(expected: list, got: list) -> tuple[int, float, list[tuple[int, int]]]:
+    """Rows with the same tokens, the largest log-prob gap over the tokens both chose (up to a first difference),
+    and (row, first differing token) of the rows that differ."""
+    equal, gap, differ = 0, 0.0, []
+    for row, (a, b) in enumerate(zip(expected, got, strict=True)):
+        equal += a.token_ids == b.token_ids
+        for k, (x, y, tx, ty) in enumerate(zip(a.logprobs, b.logprobs, a.token_ids, b.token_ids, strict=False)):
+            if tx != ty:
+                differ.append((row, k))
+                break
+            gap = max(gap, abs(x - y))
+        else:
+            if a.token_ids != b.token_ids:  # one is a prefix of the other
+                differ.append((row, min(len(a.token_ids), len(b.token_ids))))
+    return equal, gap, differ
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sampler_gpu", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -59,8 +76,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         n_new = args.new_tokens
         sampler.generate(prompts[:4], SamplingParams(max_new_tokens=8))  # warm-up
         greedy = SamplingParams(max_new_tokens=n_new, temperature=0.0)
-        same = [sampler.generate(prompts, greedy), graphs.generate(prompts, greedy)]  # also captures every graph
+        dynamic = sampler.generate(prompts, greedy)
+        same = [dynamic, graphs.generate(prompts, greedy)]  # also captures every graph
         captured = graphs._static.captured
+        # the same static steps without graphs: tells a difference of the graphs from one of the step's kernels
+        eager = HFSampler(model, tokenizer, max_batch_size=args.rows, decode="static").generate(prompts, greedy)
 
         def timed(fn) -> float:
             torch.cuda.synchronize()
@@ -105,19 +125,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         print(f"sampler / model.generate: {results['sampler, no stop strings'] / results['model.generate']:.2f}")
         print(f"graphs / model.generate: {results['graphs, no stop strings'] / results['model.generate']:.2f}")
         print(f"graphs / sampler: {results['graphs, no stop strings'] / results['sampler, no stop strings']:.2f}")
-        equal = sum(a.token_ids == b.token_ids for a, b in zip(*same, strict=True))
-        gap = 0.0
-        for a, b in zip(*same, strict=True):  # log-probs over the tokens both chose (up to a first difference)
-            for x, y, tx, ty in zip(a.logprobs, b.logprobs, a.token_ids, b.token_ids, strict=False):
-                if tx != ty:
-                    break
-                gap = max(gap, abs(x - y))
-        print(
-            f"greedy, graphs against the dynamic cache: {equal} of {args.rows} rows the same tokens, log-probs within "
-            f"{gap:.2e} (while the tokens agree); graphs captured {captured}, after the timed calls "
-            f"{graphs._static.captured}"
-        )
-        results["greedy rows equal"] = equal
+        for label, got in [("graphs", same[1]), ("static steps without graphs", eager)]:
+            equal, gap, differ = _agreement(dynamic, got)
+            print(
+                f"greedy, {label} against the dynamic cache: {equal} of {args.rows} rows the same tokens, log-probs "
+                f"within {gap:.2e} (while the tokens agree); rows that differ (prompt length: first differing "
+                f"token): {', '.join(f'{len(prompts[r])}:{k}' for r, k in differ) or 'none'}"
+            )
+            results[f"greedy rows equal, {label}"] = equal
+        print(f"graphs captured {captured}, after the timed calls {graphs._static.captured}")
         if args.profile:
             profiler = cProfile.Profile()
             profiler.enable()
