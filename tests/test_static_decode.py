@@ -138,3 +138,26 @@ def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
     captured = graphs._static.captured
     assert [c.token_ids for c in graphs.generate(prompts, params)] == [c.token_ids for c in expected]
     assert graphs._static.captured == captured  # the second call replays the graphs it captured
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_follow_weights_updated_in_place_under_autocast(prompts):
+    """Captured in one bf16 autocast context, replayed in another after an in-place weight update (as across training
+    steps): the graphs cast the updated weights (captured without the autocast cache), as the dynamic cache does."""
+    model, tokenizer = tiny_model(seed=0)
+    model = model.cuda()
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    graphs, dynamic = HFSampler(model, tokenizer, decode="graphs"), HFSampler(model, tokenizer)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        graphs.generate(prompts, params)
+    captured = graphs._static.captured
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.ndim == 2:
+                weight.mul_(-1.0)  # a large in-place change of the same tensors
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = dynamic.generate(prompts, params)
+        got = graphs.generate(prompts, params)
+    assert graphs._static.captured == captured  # replayed, not recaptured
+    for a, b in zip(got, expected, strict=True):
+        assert a.token_ids == b.token_ids

@@ -19,7 +19,8 @@ Memory policy: the buffers grow to the largest (rows, columns) bucket a call has
 doubling when they grow) and stay allocated (SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x
 2,048 columns is 3 GB); they are freed, and the graphs dropped, when the model's parameters are replaced by other
 tensors, when the autocast state or the key dtype changes, or with `StaticDecoder.clear()`. In-place weight
-updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the weights by address. Each graph
+updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the weights by address (under autocast
+it casts them at each replay: it is captured without the autocast cache). Each graph
 keeps its logits output (rows x vocabulary floats) alive.
 
 The step reproduces the decoder layer of Llama-architecture models (SmolLM2's, `supports`): grouped-query
@@ -31,6 +32,7 @@ what dynamic decoding samples.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -222,14 +224,25 @@ class StaticDecoder:
     def _capture(self, run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
         """Capture `run` as a CUDA graph. The warm-up run beforehand (lazy library set-up must not happen during
         capture) computes exactly what the step will, with the inputs in place, so it writes the same column."""
+        kind = self.device.type
+        # Under autocast the weights' low-precision casts are cached for the autocast context: captured with the
+        # cache on, the graph would read the copies made in this context (freed when it exits, stale after an
+        # optimizer step) instead of casting the weights at each replay. So both runs go without the cache.
+        no_cache = functools.partial(
+            torch.autocast,
+            kind,
+            dtype=torch.get_autocast_dtype(kind),
+            enabled=torch.is_autocast_enabled(kind),
+            cache_enabled=False,
+        )
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), no_cache():
                 run()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool), no_cache():
                 logits = run()
         except Exception as err:
             logger.warning("capturing a decode step as a CUDA graph failed (%s); decoding without graphs", err)
