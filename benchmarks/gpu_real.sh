@@ -14,7 +14,8 @@
 #
 # Knobs (environment): STEPS (curves' steps, 20), CURVES_FLAGS (more trainer flags for curves, e.g. "--lr 1e-4
 # --max-train-minutes 5"), DECODE (curves' sampler, graphs), DTYPES (the sampler benchmark's, "fp32 bf16"),
-# STEP_DECODES (the steps phase's samplers, "dynamic graphs"). Runs are written under /tmp/gpu-real-runs; only the
+# STEP_DECODES (the steps phase's samplers, "dynamic graphs"), SAMPLER_FLAGS (more flags for the sampler benchmark,
+# e.g. --profile). Runs are written under /tmp/gpu-real-runs; only the
 # logs, metrics, curves and evaluation tables are copied to $OUT (what comes back from a device call is limited).
 #
 # The pieces are carried one call at a time, each call stashing its own (see "Bringing the real model" in
@@ -73,7 +74,9 @@ for phase in "$@"; do
       tail -n 3 "$OUT/gpu_test.log"
       for dtype in $DTYPES; do
         flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
-        python3 -m benchmarks.sampler_gpu --model "$model" $flag 2>&1 | tee "$OUT/sampler_gpu_$dtype.log" | grep -v Warning
+        # shellcheck disable=SC2086  # SAMPLER_FLAGS is a list of flags (--profile, say)
+        python3 -m benchmarks.sampler_gpu --model "$model" $flag ${SAMPLER_FLAGS:-} 2>&1 |
+          tee "$OUT/sampler_gpu_$dtype.log" | grep -v Warning
       done
       ;;
     steps)

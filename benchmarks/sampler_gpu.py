@@ -134,17 +134,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             )
             results[f"greedy rows equal, {label}"] = equal
         print(f"graphs captured {captured}, after the timed calls {graphs._static.captured}")
-        if args.profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            sampler.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
-            torch.cuda.synchronize()
-            profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
-            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            with torch.profiler.profile(activities=activities) as prof:
-                sampler.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        if args.profile:  # where each sampler's step goes: host (cProfile) and kernels (torch.profiler)
+            for label, backend in [("dynamic cache", sampler), ("graphs", graphs)]:
+                print(f"--- profile: {label}")
+                profiler = cProfile.Profile()
+                profiler.enable()
+                backend.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
+                torch.cuda.synchronize()
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+                activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=activities) as prof:
+                    backend.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return results
 
 
