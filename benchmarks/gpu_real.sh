@@ -29,6 +29,7 @@ STEP_DECODES=${STEP_DECODES:-dynamic graphs}
 RUNS=/tmp/gpu-real-runs
 PARTS=${PARTS:-/tmp/gguf-parts}
 mkdir -p "$OUT" "$RUNS" "$PARTS"
+# stash comes before the set-up below, which needs every piece: a call that only carries a piece stops after it
 if [ "${1:-}" = stash ]; then
   shift
   cp .gpu/smollm2.gguf.* "$PARTS"/
