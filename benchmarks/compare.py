@@ -223,22 +223,25 @@ class ClaimedElsewhere(RuntimeError):
 
 
 @contextlib.contextmanager
-def _claimed(run_dir: Path, *, wait: bool = False) -> Iterator[IO[str]]:
+def _claimed(
+    run_dir: Path, *, wait: bool = False, lock: str = ".compare.lock", doing: str = "trained"
+) -> Iterator[IO[str]]:
     """Hold `run_dir` for this process while it trains there; `ClaimedElsewhere` if another process holds it.
 
     Two invocations side by side (the README's two streams, or a report command started while they run) must
     never train one run at once: both would resume from the same checkpoint and write the same files. The claim
-    is an advisory lock on ``run_dir/.compare.lock``, released by the system when the last process holding it
+    is an advisory lock on ``run_dir/<lock>``, released by the system when the last process holding it
     ends, however it ends; `run_holding` hands it to the trainer's process too. With `wait`, it waits for the
-    holder instead (the warm start, which every run needs).
+    holder instead (the warm start, which every run needs). `lock` and `doing` name other work held the same
+    way: one evaluation of a finished run (`evaluate_run`).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".compare.lock", "a+") as handle:
+    with open(run_dir / lock, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = f"{run_dir} is being trained by another comparison ({handle.read().strip() or 'process unknown'})"
+            holder = f"{run_dir} is being {doing} by another comparison ({handle.read().strip() or 'process unknown'})"
             if not wait:
                 raise ClaimedElsewhere(f"{holder}; run the report when it is done") from None
             print(f"[compare] {holder}: waiting for it", flush=True)
@@ -338,14 +341,18 @@ def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Pa
     target = out_dir / f"{name}.json"
     if target.exists():
         return json.loads(target.read_text())
-    held_out = dataclasses.replace(
-        config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
-    )
-    result = score_held_out(model, held_out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, ensure_ascii=False))
-    os.replace(tmp, target)
+    # Claimed like a training: a stream that finds a run trained but not yet scored must not score it too while
+    # the stream that trained it does (the same 200 episodes twice); it skips it (`ClaimedElsewhere`) instead.
+    with _claimed(out_dir, lock=f".{name}.lock", doing=f"evaluated ({name})"):
+        if target.exists():  # scored by another invocation just before this one took the claim
+            return json.loads(target.read_text())
+        held_out = dataclasses.replace(
+            config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
+        )
+        result = score_held_out(model, held_out)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, ensure_ascii=False))
+        os.replace(tmp, target)
     return result
 
 
@@ -646,7 +653,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     missing.append(name)
                     continue
             summary.setdefault("tokens_sampled", _metric_total(run_dir, "tokens/sampled"))
-            result = evaluate_run(name, summary["final_model"], budget, config, out / "evals")
+            try:
+                result = evaluate_run(name, summary["final_model"], budget, config, out / "evals")
+            except ClaimedElsewhere as err:  # a stream beside this one scores it now
+                print(f"[compare] skipped: {err}", flush=True)
+                missing.append(name)
+                continue
             run_dirs.setdefault(system.name, []).append(run_dir)
             evals.append(result)
             summaries.append(summary)
@@ -662,9 +674,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             from agents.models import tiny_model
 
             model = tiny_model(seed=0)
-        base = evaluate_run("untrained", model, budget, config, out / "evals")
-        rows.append(_row("start model, no RL (baseline)", [base], []))
-        evals_by_system["start model"] = [base]
+        try:
+            base = evaluate_run("untrained", model, budget, config, out / "evals")
+        except ClaimedElsewhere as err:
+            print(f"[compare] skipped: {err}", flush=True)
+            missing.append("untrained")
+        else:
+            rows.append(_row("start model, no RL (baseline)", [base], []))
+            evals_by_system["start model"] = [base]
     if not evals_by_system:
         raise SystemExit(f"nothing finished in {out} to report (missing: {', '.join(missing)})")
     reference = "red_grpo" if "red_grpo" in evals_by_system else next(iter(evals_by_system))

@@ -247,3 +247,16 @@ def test_a_run_names_the_code_that_trained_it_not_the_code_checked_out_later(tmp
     with (run_dir / "code_versions.txt").open("a") as versions:
         versions.write("bbb+changes\n")  # resumed again after a checkout
     assert _trained_code(run_dir) == "aaa then bbb+changes"
+
+
+def test_a_run_being_scored_by_one_stream_is_skipped_by_the_other(tmp_path):
+    """Two streams can both find a run trained and not yet scored; only one evaluates it, the other goes on."""
+    from benchmarks.compare import evaluate_run
+
+    evals = tmp_path / "evals"
+    with _claimed(evals, lock=".red_grpo-seed0.lock", doing="evaluated (red_grpo-seed0)"):
+        with pytest.raises(ClaimedElsewhere, match=r"evaluated \(red_grpo-seed0\)"):
+            evaluate_run("red_grpo-seed0", "unused", None, None, evals)
+        (evals / "red_grpo-seed0.json").write_text('{"metrics": {"f1": 0.5}}')  # the holder finishes
+    # scored: read, not redone (the model, budget and config are never touched)
+    assert evaluate_run("red_grpo-seed0", "unused", None, None, evals) == {"metrics": {"f1": 0.5}}
