@@ -8,9 +8,10 @@ depend only on those settings, so they are cached (``cache_root()/eval/``) and c
     result = before_after(trainer)          # {"before": ..., "after": ..., "table": "| model | ..."}
     python -m algos.red_grpo                # prints the table; writes eval.json, eval.md and curves.png
 
-The table: EM and F1 with 95% t-intervals over questions, the valid-answer rate (episodes ended by a valid
-<answer>), searches per question, and for CoDA the planner's tasks per episode. ``curves.png`` plots reward,
-F1, valid-answer rate and the SFT weight per training step from metrics.jsonl.
+The table: EM, F1, the valid-answer rate (episodes ended by a valid <answer>), searches per question, and for
+CoDA the planner's tasks per episode, each with its 95% interval over questions (Wilson's for the rates EM and
+valid answers, t for the rest). ``curves.png`` plots reward, F1, valid-answer rate and the SFT weight per
+training step from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
     """
     from algos import distributed
     from benchmarks.evaluate import METRICS, evaluate
-    from benchmarks.stats import mean_ci
+    from benchmarks.stats import metric_ci
 
     settings = held_out_settings(config)
     world = distributed.World(*_rank_and_size())
@@ -97,11 +98,11 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
     if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
         result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
         result["n"] = len(result["predictions"])
-        result["metrics"] = {m: mean_ci([p[m] for p in result["predictions"]]).as_dict() for m in METRICS}
+        result["metrics"] = {m: metric_ci([p[m] for p in result["predictions"]]).as_dict() for m in METRICS}
     if label is not None:
         result["model"] = label
     if settings["agent"] == "coda":
-        result["metrics"]["num_tasks"] = mean_ci([p["num_tasks"] for p in result["predictions"]]).as_dict()
+        result["metrics"]["num_tasks"] = metric_ci([p["num_tasks"] for p in result["predictions"]]).as_dict()
     result["settings"] = settings
     return result
 

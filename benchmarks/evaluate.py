@@ -24,7 +24,8 @@ from `envs.rewards` only: the env's terminal info for env agents, the same funct
 Per question: ``em``, ``f1``, ``answered`` (1 when the episode ended with a valid <answer>: the
 valid-answer rate), ``format`` (graduated format score), ``num_searches`` (retrieval calls) and
 ``invalid_actions`` (the share of the question's actions that were invalid; for direct and rag, 1 when the
-reply is not a valid <answer>). The table gives each one's mean and 95% t-interval over questions; ``--out``
+reply is not a valid <answer>). The table gives each one's mean and 95% interval over questions (Wilson's for
+the 0/1 rates EM and valid answers, Student's t for the rest); ``--out``
 writes one JSON line per question. From Python (the algorithm comparison calls this):
 
     from benchmarks.evaluate import evaluate
@@ -43,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import Interval, mean_ci
+from benchmarks.stats import Interval, metric_ci
 
 AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
 """Agent names `evaluate` accepts."""
@@ -109,7 +110,8 @@ def evaluate(
 
     Returns:
         `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "predictions"}`
-        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% t-interval) for each of `METRICS`, and
+        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `benchmarks.stats.metric_ci`: Wilson
+        for the 0/1 rates, t for the rest) for each of `METRICS`, and
         `predictions` the per-question records written to `out`.
     """
     import gymnasium as gym
@@ -164,7 +166,7 @@ def evaluate(
     for env in env_list:
         env.close()
     wall = time.perf_counter() - start
-    metrics = {name: mean_ci([p[name] for p in predictions]) for name in METRICS}
+    metrics = {name: metric_ci([p[name] for p in predictions]) for name in METRICS}
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w", encoding="utf-8") as f:

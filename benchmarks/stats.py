@@ -7,6 +7,11 @@ Two intervals for the mean of per-question scores (EM, F1, searches, ...):
   accurate.
 * `bootstrap_interval`: percentile bootstrap over questions (seeded); no normality assumption, for small
   or very skewed samples.
+* `wilson_interval`: Wilson's score interval for a rate (every value 0 or 1: EM, valid answers). Unlike the t
+  interval it stays inside [0, 1] and is not zero-width at 0% or 100%: a valid-answer rate of 0.98 over 100
+  questions is 0.980 [0.930, 0.994], where t gives [0.952, 1.008].
+
+`metric_ci` picks between them for an evaluation's per-question metrics: Wilson for rates, t for the rest.
 
 `paired_difference` gives the interval of a mean difference between two systems scored on the same
 questions (paired by question), which is much tighter than comparing two separate intervals;
@@ -32,10 +37,12 @@ __all__ = [
     "Interval",
     "bootstrap_interval",
     "mean_ci",
+    "metric_ci",
     "paired_difference",
     "paired_permutation_p",
     "t_interval",
     "t_quantile",
+    "wilson_interval",
 ]
 
 
@@ -126,6 +133,30 @@ def bootstrap_interval(
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return Interval(float(array.mean()), float(low), float(high), array.size, confidence)
+
+
+def wilson_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """Wilson's score interval for a rate: the values are successes (1) and failures (0).
+
+    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), with p the observed rate and z the normal
+    quantile; it lies inside [0, 1] at every p, including 0 and 1.
+    """
+    array = _as_array(values)
+    if not np.all((array == 0) | (array == 1)):
+        raise ValueError("a rate's values are 0 or 1")
+    n, rate = array.size, float(array.mean())
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(rate, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
+
+
+def metric_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """The interval for one evaluation metric over questions: Wilson's when every value is 0 or 1 (a rate), else t."""
+    array = _as_array(values)
+    if np.all((array == 0) | (array == 1)):
+        return wilson_interval(array, confidence)
+    return t_interval(array, confidence)
 
 
 def mean_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95, method: str = "t") -> Interval:

@@ -12,10 +12,12 @@ from benchmarks.evaluate import METRICS, evaluate, extract_answer, format_table
 from benchmarks.stats import (
     bootstrap_interval,
     mean_ci,
+    metric_ci,
     paired_difference,
     paired_permutation_p,
     t_interval,
     t_quantile,
+    wilson_interval,
 )
 
 
@@ -38,6 +40,20 @@ def test_intervals_cover_the_mean_and_shrink_with_n():
         mean_ci([])
     with pytest.raises(ValueError):
         mean_ci([1.0], method="wald")
+
+
+def test_a_rate_gets_wilsons_interval_inside_zero_and_one():
+    answered = [1.0] * 98 + [0.0] * 2
+    wilson = wilson_interval(answered)
+    # Wilson's score interval for 98 of 100 (the textbook values; t would reach 1.008)
+    assert (round(wilson.low, 4), round(wilson.high, 4)) == (0.9300, 0.9945)
+    assert t_interval(answered).high > 1
+    assert metric_ci(answered) == wilson
+    none = metric_ci([0.0] * 100)  # 0 of 100 is not certain: the interval has width
+    assert none.low == 0 and 0.03 < none.high < 0.04
+    assert metric_ci([0.0, 0.5, 1.0]) == t_interval([0.0, 0.5, 1.0])  # F1 and counts keep the t interval
+    with pytest.raises(ValueError, match="0 or 1"):
+        wilson_interval([0.5, 1.0])
 
 
 def test_the_paired_permutation_p_value_matches_the_exact_sign_flip_count():
