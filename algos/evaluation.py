@@ -75,8 +75,7 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
         also gets ``num_tasks``), with ``settings`` added.
     """
     from algos import distributed
-    from benchmarks.evaluate import METRICS, evaluate
-    from benchmarks.stats import metric_ci
+    from benchmarks.evaluate import evaluate, metric_intervals
 
     settings = held_out_settings(config)
     world = distributed.World(*_rank_and_size())
@@ -98,11 +97,11 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
     if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
         result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
         result["n"] = len(result["predictions"])
-        result["metrics"] = {m: metric_ci([p[m] for p in result["predictions"]]).as_dict() for m in METRICS}
+        result["metrics"] = {m: i.as_dict() for m, i in metric_intervals(result["predictions"]).items()}
     if label is not None:
         result["model"] = label
     if settings["agent"] == "coda":
-        result["metrics"]["num_tasks"] = metric_ci([p["num_tasks"] for p in result["predictions"]]).as_dict()
+        result["metrics"]["num_tasks"] = metric_intervals(result["predictions"], ["num_tasks"])["num_tasks"].as_dict()
     result["settings"] = settings
     return result
 

@@ -29,9 +29,10 @@ drawn as a system of its own, its runs in `runs/grpo_sft-sft_coef0.4-seed<s>/`.
 
 An interrupted comparison resumes: finished trainings (`runs/*/summary.json`) and evaluations
 (`evals/*.json`) are kept, an unfinished training continues from its newest checkpoint (`--resume`). Invocations side
-by side (one per core) share the runs: one run is trained by one invocation at a time, and another that reaches
-it skips it and goes on with the rest, naming it as left out of its report (so two identical commands side by side
-split the work; when both are done, the same command once more reports everything, training nothing).
+by side (one per core) share the runs: one run is trained, and then scored, by one invocation at a time, and another
+that reaches it meanwhile skips it and goes on with the rest, naming it as left out of its report (so two identical
+commands side by side split the work; when both are done, the same command once more reports everything, training
+nothing).
 `--report-only` trains and scores nothing: it
 re-makes the report from the runs already finished and scored, naming the ones left out (safe beside running
 streams).

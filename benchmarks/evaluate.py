@@ -50,6 +50,14 @@ AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
 """Agent names `evaluate` accepts."""
 METRICS = ("em", "f1", "answered", "format", "num_searches", "invalid_actions")
 """Per-question metrics, in table order."""
+RATES = frozenset({"em", "answered"})
+"""The metrics that are 0 or 1 per question (their intervals are Wilson's; the others' Student's t)."""
+
+
+def metric_intervals(predictions: list[dict[str, Any]], names: Sequence[str] = METRICS) -> dict[str, Interval]:
+    """Each metric's mean over the per-question `predictions` with its 95% interval (`RATES`: Wilson's, else t)."""
+    return {name: metric_ci([p[name] for p in predictions], rate=name in RATES) for name in names}
+
 
 DIRECT_INSTRUCTIONS = (
     "Answer the question with a short answer (a name, a date, a number, yes or no), without explanation, "
@@ -166,7 +174,7 @@ def evaluate(
     for env in env_list:
         env.close()
     wall = time.perf_counter() - start
-    metrics = {name: metric_ci([p[name] for p in predictions]) for name in METRICS}
+    metrics = metric_intervals(predictions)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w", encoding="utf-8") as f:

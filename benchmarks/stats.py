@@ -12,6 +12,7 @@ Two intervals for the mean of per-question scores (EM, F1, searches, ...):
   questions is 0.980 [0.930, 0.994], where t gives [0.952, 1.008].
 
 `metric_ci` picks between them for an evaluation's per-question metrics: Wilson for rates, t for the rest.
+(`benchmarks.evaluate.RATES` names the rates.)
 
 `paired_difference` gives the interval of a mean difference between two systems scored on the same
 questions (paired by question), which is much tighter than comparing two separate intervals;
@@ -151,12 +152,13 @@ def wilson_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.
     return Interval(rate, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
 
 
-def metric_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
-    """The interval for one evaluation metric over questions: Wilson's when every value is 0 or 1 (a rate), else t."""
-    array = _as_array(values)
-    if np.all((array == 0) | (array == 1)):
-        return wilson_interval(array, confidence)
-    return t_interval(array, confidence)
+def metric_ci(values: Sequence[float] | np.ndarray, *, rate: bool, confidence: float = 0.95) -> Interval:
+    """The interval for one evaluation metric over questions: Wilson's for a rate (each value 0 or 1), else t.
+
+    Whether a metric is a rate is the caller's to say: a count that happens to be 0 or 1 on every question
+    (one search each) is still a count, and gets the t interval.
+    """
+    return wilson_interval(values, confidence) if rate else t_interval(values, confidence)
 
 
 def mean_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95, method: str = "t") -> Interval:
