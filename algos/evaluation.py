@@ -75,7 +75,7 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
         also gets ``num_tasks``), with ``settings`` added.
     """
     from algos import distributed
-    from benchmarks.evaluate import evaluate, metric_intervals
+    from benchmarks.evaluate import evaluate
 
     settings = held_out_settings(config)
     world = distributed.World(*_rank_and_size())
@@ -97,13 +97,19 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
     if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
         result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
         result["n"] = len(result["predictions"])
-        result["metrics"] = {m: i.as_dict() for m, i in metric_intervals(result["predictions"]).items()}
     if label is not None:
         result["model"] = label
-    if settings["agent"] == "coda":
-        result["metrics"]["num_tasks"] = metric_intervals(result["predictions"], ["num_tasks"])["num_tasks"].as_dict()
+    result["metrics"] = _metrics(result["predictions"], settings["agent"])
     result["settings"] = settings
     return result
+
+
+def _metrics(predictions: list[dict[str, Any]], agent: str) -> dict[str, dict[str, float | int]]:
+    """Each metric's mean and 95% interval over the per-question `predictions` (CoDA also: planner tasks)."""
+    from benchmarks.evaluate import METRICS, metric_intervals
+
+    names = [*METRICS, "num_tasks"] if agent == "coda" else list(METRICS)
+    return {name: interval.as_dict() for name, interval in metric_intervals(predictions, names).items()}
 
 
 def _starting_model_cache(config: Any) -> Path:
@@ -142,6 +148,8 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     cache = _starting_model_cache(config)
     if distributed.broadcast_object(cache.is_file()):  # rank 0 decides: every rank takes the same branch
         before = json.loads(cache.read_text()) if main else {}
+        if main:  # intervals from the cached predictions by today's rules (a cache may predate them)
+            before["metrics"] = _metrics(before["predictions"], held_out_settings(config)["agent"])
         logger.info("starting model's held-out scores from %s", cache)
     else:
         start_model, tokenizer = trainer.build_model()

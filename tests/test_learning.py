@@ -3,6 +3,7 @@ scoring the trained model and its starting model on held-out questions in the en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from agents.records import SamplingParams
 from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
+from algos.evaluation import before_after
 from algos.run import busy_cores
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
 from algos.trainer import Trainer, cpu_threads, rewards_tied
@@ -90,6 +92,17 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
     cached = list((tmp_path / "cache" / "eval").glob("start-*.json"))
     assert len(cached) == 1  # the starting model's scores, reused by the next run with these settings
     assert json.loads(cached[0].read_text())["metrics"] == evaluation["before"]["metrics"]
+
+    # a cache written by earlier code (other intervals) is read with today's: they come from its predictions
+    stale = json.loads(cached[0].read_text())
+    stale["metrics"] = {name: {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 3} for name in stale["metrics"]}
+    cached[0].write_text(json.dumps(stale))
+    trainer = Trainer(dataclasses.replace(config, run_dir=str(tmp_path / "next-run")))
+    try:
+        again = before_after(trainer)
+    finally:
+        trainer.close()
+    assert again["before"]["metrics"] == evaluation["before"]["metrics"]
 
 
 def test_the_starting_models_cached_scores_serve_every_seed_of_a_fixed_model(tmp_path, monkeypatch):
