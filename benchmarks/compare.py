@@ -619,12 +619,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if args.warm_start_steps > 0:
         warm = out / "runs" / "warm-start"
-        if args.report_only and not (warm / "final").exists():
-            raise SystemExit(f"no warm start in {warm} yet: nothing of this regime to report")
-        with _claimed(warm, wait=True) as claim:  # every run starts from it: a stream beside this one waits
-            if not (warm / "final").exists():
-                _train_warm_start(claim, warm, budget, args)
-        shutil.rmtree(warm / "checkpoints", ignore_errors=True)  # finished: every run starts from its final model
+        if args.report_only:  # its log is enough: the report reads the runs' files, not the model (0.5 GB)
+            if not (warm / "metrics.jsonl").exists():
+                raise SystemExit(f"no warm start in {warm} yet: nothing of this regime to report")
+        else:
+            with _claimed(warm, wait=True) as claim:  # every run starts from it: a stream beside this one waits
+                if not (warm / "final").exists():
+                    _train_warm_start(claim, warm, budget, args)
+            shutil.rmtree(warm / "checkpoints", ignore_errors=True)  # finished: every run starts from its final model
         args.init_model = str(warm / "final")
     if args.init_model:
         budget = dataclasses.replace(budget, train_args=(*budget.train_args, "--model", args.init_model))
