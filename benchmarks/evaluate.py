@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import Interval, metric_ci
+from benchmarks.stats import Interval, mean_ci
 
 AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
 """Agent names `evaluate` accepts."""
@@ -56,7 +56,7 @@ RATES = frozenset({"em", "answered"})
 
 def metric_intervals(predictions: list[dict[str, Any]], names: Sequence[str] = METRICS) -> dict[str, Interval]:
     """Each metric's mean over the per-question `predictions` with its 95% interval (`RATES`: Wilson's, else t)."""
-    return {name: metric_ci([p[name] for p in predictions], rate=name in RATES) for name in names}
+    return {name: mean_ci([p[name] for p in predictions], method="wilson" if name in RATES else "t") for name in names}
 
 
 DIRECT_INSTRUCTIONS = (
@@ -118,7 +118,7 @@ def evaluate(
 
     Returns:
         `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "predictions"}`
-        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `benchmarks.stats.metric_ci`: Wilson
+        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `metric_intervals`: Wilson's
         for the 0/1 rates, t for the rest) for each of `METRICS`, and
         `predictions` the per-question records written to `out`.
     """

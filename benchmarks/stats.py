@@ -11,8 +11,8 @@ Two intervals for the mean of per-question scores (EM, F1, searches, ...):
   interval it stays inside [0, 1] and is not zero-width at 0% or 100%: a valid-answer rate of 0.98 over 100
   questions is 0.980 [0.930, 0.994], where t gives [0.952, 1.008].
 
-`metric_ci` picks between them for an evaluation's per-question metrics: Wilson for rates, t for the rest.
-(`benchmarks.evaluate.RATES` names the rates.)
+`mean_ci` picks one by name (`method`); an evaluation's metrics take Wilson's for the rates
+(`benchmarks.evaluate.RATES`) and t for the rest.
 
 `paired_difference` gives the interval of a mean difference between two systems scored on the same
 questions (paired by question), which is much tighter than comparing two separate intervals;
@@ -38,7 +38,6 @@ __all__ = [
     "Interval",
     "bootstrap_interval",
     "mean_ci",
-    "metric_ci",
     "paired_difference",
     "paired_permutation_p",
     "t_interval",
@@ -152,28 +151,22 @@ def wilson_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.
     return Interval(rate, max(0.0, centre - half), min(1.0, centre + half), n, confidence)
 
 
-def metric_ci(values: Sequence[float] | np.ndarray, *, rate: bool, confidence: float = 0.95) -> Interval:
-    """The interval for one evaluation metric over questions: Wilson's for a rate (each value 0 or 1), else t.
-
-    Whether a metric is a rate is the caller's to say: a count that happens to be 0 or 1 on every question
-    (one search each) is still a count, and gets the t interval.
-    """
-    return wilson_interval(values, confidence) if rate else t_interval(values, confidence)
-
-
 def mean_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95, method: str = "t") -> Interval:
     """Mean and confidence interval of per-question scores.
 
     Args:
         values: one score per question.
         confidence: coverage of the interval.
-        method: "t" (Student's t interval) or "bootstrap" (percentile bootstrap, seed 0).
+        method: "t" (Student's t interval), "bootstrap" (percentile bootstrap, seed 0) or "wilson" (Wilson's score
+            interval; for a rate, every value 0 or 1).
     """
     if method == "t":
         return t_interval(values, confidence)
     if method == "bootstrap":
         return bootstrap_interval(values, confidence)
-    raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+    if method == "wilson":
+        return wilson_interval(values, confidence)
+    raise ValueError(f"method must be 't', 'bootstrap' or 'wilson', got {method!r}")
 
 
 def paired_difference(

@@ -12,7 +12,6 @@ from benchmarks.evaluate import METRICS, evaluate, extract_answer, format_table,
 from benchmarks.stats import (
     bootstrap_interval,
     mean_ci,
-    metric_ci,
     paired_difference,
     paired_permutation_p,
     t_interval,
@@ -48,10 +47,10 @@ def test_a_rate_gets_wilsons_interval_inside_zero_and_one():
     # Wilson's score interval for 98 of 100 (the textbook values; t would reach 1.008)
     assert (round(wilson.low, 4), round(wilson.high, 4)) == (0.9300, 0.9945)
     assert t_interval(answered).high > 1
-    assert metric_ci(answered, rate=True) == wilson
-    none = metric_ci([0.0] * 100, rate=True)  # 0 of 100 is not certain: the interval has width
+    assert mean_ci(answered, method="wilson") == wilson
+    none = mean_ci([0.0] * 100, method="wilson")  # 0 of 100 is not certain: the interval has width
     assert none.low == 0 and 0.03 < none.high < 0.04
-    assert metric_ci([0.0, 0.5, 1.0], rate=False) == t_interval([0.0, 0.5, 1.0])  # F1 keeps the t interval
+    assert mean_ci([0.0, 0.5, 1.0]) == t_interval([0.0, 0.5, 1.0])  # F1 keeps the t interval
     # one search on every question is a count, not a rate: no interval around it
     searches = metric_intervals([{"num_searches": 1, "answered": 1.0}] * 50, ["num_searches", "answered"])
     assert searches["num_searches"].low == searches["num_searches"].high == 1
