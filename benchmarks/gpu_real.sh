@@ -3,8 +3,8 @@
 # `benchmarks/gpu_kit.sh`), the pooled corpus searched by the pure-Python BM25 (no JVM there), and
 #   stash   - copy the pieces this call carried (.gpu/*) to $PARTS, where they outlast the call: a path carried to
 #             the device machine is there only during the call that carries it;
-#   check   - the CUDA-graph decode test, and the sampler against model.generate with and without graphs (fp32,
-#             then bf16 as the gpu preset samples);
+#   check   - the CUDA-graph decode test, each decode path's logits against a float64 reference, and the sampler
+#             against model.generate with and without graphs (fp32, then bf16 as the gpu preset samples);
 #   steps   - two steps of the seed's configuration (the gpu preset: 32 questions x 2 episodes, 256 new tokens a
 #             turn) with the dynamic cache, then with CUDA graphs, each one's second step split by part;
 #   curves  - the main job's trainer on the gpu preset for STEPS steps (20 by default) with CUDA graphs, its reward,
@@ -73,6 +73,9 @@ for phase in "$@"; do
       python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_static_decode.py >"$OUT/gpu_test.log" 2>&1 ||
         echo "THE GPU TEST FAILED (gpu_test.log)"
       tail -n 3 "$OUT/gpu_test.log"
+      # each decode path's logits against a float64 reference, the same tokens fed: rounding or a bug
+      python3 -m benchmarks.decode_parity --model "$model" --device cuda 2>&1 | tee "$OUT/decode_parity.log" |
+        grep -v Warning
       for dtype in $DTYPES; do
         flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
         # shellcheck disable=SC2086  # SAMPLER_FLAGS is a list of flags (--profile, say)

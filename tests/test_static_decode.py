@@ -143,7 +143,8 @@ def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
 @pytest.mark.gpu
 def test_cuda_graphs_follow_weights_updated_in_place_under_autocast(prompts):
     """Captured in one bf16 autocast context, replayed in another after an in-place weight update (as across training
-    steps): the graphs cast the updated weights (captured without the autocast cache), as the dynamic cache does."""
+    steps): the graphs read the decoder's bf16 copies of the weights, which each call refreshes, so they follow the
+    update as the dynamic cache does."""
     model, tokenizer = tiny_model(seed=0)
     model = model.cuda()
     params = SamplingParams(max_new_tokens=16, temperature=0.0)
@@ -161,3 +162,70 @@ def test_cuda_graphs_follow_weights_updated_in_place_under_autocast(prompts):
     assert graphs._static.captured == captured  # replayed, not recaptured
     for a, b in zip(got, expected, strict=True):
         assert a.token_ids == b.token_ids
+
+
+def test_under_autocast_the_buffers_hold_what_the_attention_reads(tiny, prompts):
+    """Under bfloat16 autocast the attention reads bfloat16 keys and values: the buffers hold them so, half the
+    bytes a step reads, and the samples stay the dynamic cache's; kept rows go back as the dynamic cache keeps
+    them, so a later call reuses them either way. The log-probs differ in bfloat16's rounding of the attention's
+    sums (0.033 at most here; float32 buffers gave the same figure, the attention casting them to bfloat16)."""
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, stop=("k",))
+    dynamic, static = HFSampler(model, tokenizer), HFSampler(model, tokenizer, decode="static")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):  # the second call reuses the rows the first kept
+            expected = dynamic.generate(prompts, params)
+            got = static.generate(prompts, params)
+            for a, b in zip(got, expected, strict=True):
+                assert a.token_ids == b.token_ids
+                assert a.logprobs == pytest.approx(b.logprobs, abs=5e-2)
+    assert static._static.keys[0].dtype == static._static.values[0].dtype == torch.bfloat16
+    kept = next(iter(static._store.entries.values()))
+    like = next(iter(dynamic._store.entries.values()))
+    assert (kept.keys[0].dtype, kept.values[0].dtype) == (like.keys[0].dtype, like.values[0].dtype)
+    assert static.reused_tokens == dynamic.reused_tokens > 0
+
+
+def test_the_autocast_weight_copies_compute_what_autocast_computes(tiny):
+    """The decoder's copies of the linear weights in the autocast dtype (refreshed at each call, so a graph reads
+    them at a fixed address) give exactly the step that autocast's own casts give, and follow in-place updates."""
+    model, tokenizer = tiny
+    from agents.samplers.static_decode import _step
+
+    sampler = HFSampler(model, tokenizer, decode="static", cache_tokens=0)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    prompt = encode_chat(tokenizer, [{"role": "user", "content": "Who wrote Dune?"}])
+    inner, config = model.model, model.config
+    shape = (2, config.num_key_value_heads, COLUMN_BUCKET, config.hidden_size // config.num_attention_heads)
+    generator = torch.Generator().manual_seed(0)
+    keys = [torch.randn(shape, generator=generator) for _ in inner.layers]
+    values = [torch.randn(shape, generator=generator) for _ in inner.layers]
+    mask = torch.zeros((2, 1, 1, COLUMN_BUCKET), dtype=torch.bool)
+    mask[:, :, :, :10] = True
+    inputs = (torch.tensor([5, 7]), torch.tensor([9, 3]), torch.tensor([9]), mask)
+    weight = inner.layers[0].self_attn.q_proj.weight
+    saved = weight.detach().clone()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            sampler.generate([prompt], params)
+            copies = sampler._static._weights
+            assert len(copies) == 7 * len(inner.layers) + 1
+            assert all(c.dtype == torch.bfloat16 for c in copies.values())
+            own = _step(model, *inputs, [k.clone() for k in keys], [v.clone() for v in values])
+            copied = _step(model, *inputs, [k.clone() for k in keys], [v.clone() for v in values], copies)
+            assert torch.equal(own, copied)
+            with torch.no_grad():  # an in-place update: the next call refreshes the copies
+                weight.mul_(1.5)
+    with torch.no_grad():
+        weight.copy_(saved)
+
+
+def test_every_decode_path_is_within_rounding_of_a_float64_reference(tiny, tmp_path):
+    """`benchmarks.decode_parity`: the same tokens fed to every path, each step's logits near float64's."""
+    from benchmarks.decode_parity import main
+
+    model, _ = tiny
+    model.config.save_pretrained(tmp_path)
+    errors = main(["--config", str(tmp_path), "--rows", "3", "--steps", "4", "--prompt-tokens", "40"])
+    assert {"dynamic", "dynamic, reserved room", "static", "static, sdpa math"} <= set(errors)
+    assert max(errors.values()) < 1e-4

@@ -88,11 +88,11 @@ per token in float32, so about 3 GB when full)."""
 
 @dataclass(eq=False)
 class _Kept:
-    """Keys and values of one token sequence fed from position 0: one (kv_heads, n, head_dim) pair per layer."""
+    """Keys and values of one token sequence fed from position 0, each (layers, kv_heads, n, head_dim)."""
 
     tokens: np.ndarray  # (n,) int64
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 class _PrefixStore:
@@ -213,9 +213,11 @@ class _CacheSteps:
         )
         return out.logits[:, -1, :]
 
-    def row(self, j: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Live row `j`'s keys and values, per layer (kv_heads, columns, head_dim)."""
-        return [layer.keys[j] for layer in self.cache.layers], [layer.values[j] for layer in self.cache.layers]
+    def row(self, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Live row `j`'s keys and values at `columns`, each (layers, kv_heads, len(columns), head_dim)."""
+        layers = self.cache.layers
+        keys = torch.stack([layer.keys[j].index_select(1, columns) for layer in layers])
+        return keys, torch.stack([layer.values[j].index_select(1, columns) for layer in layers])
 
     def select(self, index: torch.Tensor, columns: int) -> None:
         """Keep only the live rows at `index` (in that order)."""
@@ -248,9 +250,12 @@ class _StaticSteps:
         decoder.mask[: self.rows, 0, 0, column] = True
         return decoder.step(self.rows)[self._slots]
 
-    def row(self, j: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        slot = self.slots[j]
-        return [k[slot] for k in self.decoder.keys], [v[slot] for v in self.decoder.values]
+    def row(self, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # one gather for all layers (a gather per layer was 60 kernels a row, 0.1 s a 64-row call on a GPU), in
+        # the dtypes the dynamic cache keeps them in
+        slot, (key_dtype, value_dtype) = self.slots[j], self.decoder.cache_dtypes
+        keys = self.decoder.all_keys[:, slot].index_select(2, columns).to(key_dtype)
+        return keys, self.decoder.all_values[:, slot].index_select(2, columns).to(value_dtype)
 
     def select(self, index: torch.Tensor, columns: int) -> None:
         self.slots = [self.slots[j] for j in index.tolist()]
@@ -553,7 +558,7 @@ class HFSampler(TokenizerContext):
                 elif len(tokens[b]) < rows[b][2]:
                     keep.append(j)
                     continue
-                self._keep(steps.row(j), attention[j], rows[b][1] + tokens[b][:-1], matches[b])
+                self._keep(steps, j, attention[j], rows[b][1] + tokens[b][:-1], matches[b])
             if not keep:
                 break
             if len(keep) < len(alive):
@@ -580,24 +585,26 @@ class HFSampler(TokenizerContext):
     def _fill_past(cache: DynamicCache, matches: list[tuple[_Kept | None, int]], past: int) -> None:
         """Fill an empty cache with each row's reused keys and values, right-aligned in `past` columns."""
         donor = next(kept for kept, m in matches if m)
-        for layer, like in enumerate(donor.keys):
-            keys = like.new_zeros((len(matches), like.shape[0], past, like.shape[-1]))  # (n, kv_heads, past, dim)
-            values = torch.zeros_like(keys)
-            for b, (kept, m) in enumerate(matches):
-                if m:
-                    keys[b, :, past - m :] = kept.keys[layer][:, :m]
-                    values[b, :, past - m :] = kept.values[layer][:, :m]
-            cache.update(keys, values, layer)
+        layers, heads, _, dim = donor.keys.shape
+        keys = donor.keys.new_zeros((layers, len(matches), heads, past, dim))
+        values = donor.values.new_zeros((layers, len(matches), heads, past, dim))
+        for b, (kept, m) in enumerate(matches):  # a copy a row for all layers
+            if m:
+                keys[:, b, :, past - m :] = kept.keys[:, :, :m]
+                values[:, b, :, past - m :] = kept.values[:, :, :m]
+        for layer in range(layers):
+            cache.update(keys[layer], values[layer], layer)
 
     def _keep(
         self,
-        row: tuple[list[torch.Tensor], list[torch.Tensor]],
+        steps: _CacheSteps | _StaticSteps,
+        j: int,
         attention: torch.Tensor,
         fed: list[int],
         match: tuple[_Kept | None, int],
     ) -> None:
-        """Keep the keys and values of a finished row (per layer (kv_heads, columns, head_dim); its unpadded
-        columns, one per token of `fed`); they supersede the kept sequence the row reused if `fed` extends it."""
+        """Keep the keys and values of live row `j` of `steps`, which just finished (its unpadded columns in
+        `attention`, one per token of `fed`); they supersede the kept sequence the row reused if `fed` extends it."""
         if self._store is None:
             return
         tokens = np.asarray(fed, dtype=np.int64)
@@ -606,10 +613,7 @@ class HFSampler(TokenizerContext):
         if len(fed) > self._store.max_tokens:
             return
         columns = attention.nonzero().squeeze(-1)  # (len(fed),)
-        keys, values = row
-        self._store.add(
-            _Kept(tokens, [k.index_select(1, columns) for k in keys], [v.index_select(1, columns) for v in values])
-        )
+        self._store.add(_Kept(tokens, *steps.row(j, columns)))
 
     def _sample(
         self, logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None = None

@@ -18,10 +18,11 @@ into the first slots and the smaller graph takes over.
 Memory policy: the buffers grow to the largest (rows, columns) bucket a call has needed (columns at least
 doubling when they grow) and stay allocated (SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x
 2,048 columns is 3 GB); they are freed, and the graphs dropped, when the model's parameters are replaced by other
-tensors, when the autocast state or the key dtype changes, or with `StaticDecoder.clear()`. In-place weight
-updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the weights by address (under autocast
-it casts them at each replay: it is captured without the autocast cache). Each graph
-keeps its logits output (rows x vocabulary floats) alive.
+tensors, when the autocast state or the key dtype changes, or with `StaticDecoder.clear()`. Under autocast the
+buffers are in the autocast dtype (what the attention reads), and the decoder keeps a copy of every linear layer's
+weight in that dtype (SmolLM2-135M: 270 MB in bfloat16), refreshed in place at the start of each call. In-place
+weight updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the weights, or their copies,
+by address. Each graph keeps its logits output (rows x vocabulary floats) alive.
 
 The step reproduces the decoder layer of Llama-architecture models (SmolLM2's, `supports`): grouped-query
 attention for one new token is computed as `kv_heads` heads of `groups` query rows each, which needs no
@@ -83,12 +84,18 @@ def _step(
     mask: torch.Tensor,  # (b, 1, 1, L) bool, True where a row attends
     keys: list[torch.Tensor],  # per layer (b, kv_heads, L, head_dim)
     values: list[torch.Tensor],
+    weights: dict[torch.nn.Module, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One decode step of a Llama-architecture model over static key/value buffers; returns (b, vocab) logits.
 
     Follows `LlamaForCausalLM.forward` for one token per row, with the row's keys and values written in place.
+    `weights`: a linear layer's weight to use instead of its own (the autocast dtype's copies, `StaticDecoder`).
     """
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        weight = weights.get(module) if weights else None
+        return module(x) if weight is None else F.linear(x, weight, module.bias)
 
     inner = model.model
     rows = tokens.shape[0]
@@ -97,18 +104,22 @@ def _step(
     for layer, layer_keys, layer_values in zip(inner.layers, keys, values, strict=True):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
-        query = attn.q_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, heads, 1, head_dim)
-        key = attn.k_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, kv_heads, 1, head_dim)
-        value = attn.v_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
+        query = linear(attn.q_proj, x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, heads, 1, head_dim)
+        key = linear(attn.k_proj, x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)  # (b, kv_heads, 1, head_dim)
+        value = linear(attn.v_proj, x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
         layer_keys.index_copy_(2, column, key.to(layer_keys.dtype))
         layer_values.index_copy_(2, column, value.to(layer_values.dtype))
         # query head h reads key/value head h // groups: for one new token, the groups are rows of one head
         query = query.reshape(rows, key.shape[1], -1, attn.head_dim)  # (b, kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(query, layer_keys, layer_values, attn_mask=mask, scale=attn.scaling)
-        hidden = hidden + attn.o_proj(out.reshape(rows, 1, -1))
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return model.lm_head(inner.norm(hidden))[:, -1]
+        hidden = hidden + linear(attn.o_proj, out.reshape(rows, 1, -1))
+        x, mlp = layer.post_attention_layernorm(hidden), layer.mlp
+        if weights:  # LlamaMLP.forward, with the copies
+            hidden = hidden + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
+        else:
+            hidden = hidden + mlp(x)
+    return linear(model.lm_head, inner.norm(hidden))[:, -1]
 
 
 class StaticDecoder:
@@ -138,13 +149,17 @@ class StaticDecoder:
         self._rows = self._columns = 0
         self.keys: list[torch.Tensor] = []  # per layer (rows, kv_heads, columns, head_dim)
         self.values: list[torch.Tensor] = []
+        self.all_keys = self.all_values = torch.empty(0)  # (layers, rows, kv_heads, columns, head_dim)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._runners: dict[tuple[int, int], Callable[[], torch.Tensor]] = {}
         self._pool = None
+        self._weights: dict[torch.nn.Module, torch.Tensor] = {}  # linear layer -> its weight in the autocast dtype
 
     def clear(self) -> None:
-        """Free the buffers and drop every graph."""
+        """Free the buffers and the weight copies and drop every graph."""
         self.keys, self.values, self._graphs, self._runners, self._pool = [], [], {}, {}, None
+        self.all_keys = self.all_values = torch.empty(0)
+        self._weights = {}
         self._rows = self._columns = 0
         self._key = None
 
@@ -154,8 +169,13 @@ class StaticDecoder:
         first = cache.layers[0].keys
         rows = first.shape[0]
         device_type = self.device.type
+        self.cache_dtypes = (first.dtype, cache.layers[0].values.dtype)  # what a kept row is given back as
+        # Under autocast the attention casts its keys and values to the autocast dtype at each step, so buffers
+        # of that dtype hold exactly what it reads, and a step reads half the bytes (the prefill's keys come
+        # out of the rotary embedding in float32; kept in float32, each step would read them and cast a copy).
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else first.dtype
         key = (
-            first.dtype,
+            dtype,
             torch.is_autocast_enabled(device_type),
             torch.get_autocast_dtype(device_type),
             tuple(id(p) for p in self.model.parameters()),
@@ -163,6 +183,8 @@ class StaticDecoder:
         if key != self._key:
             self.clear()
             self._key = key
+        if torch.is_autocast_enabled(device_type):
+            self._refresh_weights(dtype)
         need_rows, need_columns = max(row_bucket(rows), self._rows), max(column_bucket(columns), self._columns)
         if need_columns > self._columns and self._columns:
             # contexts grow turn by turn: doubling keeps the regrowths (and recaptures) to a handful per run
@@ -170,11 +192,16 @@ class StaticDecoder:
         if (need_rows, need_columns) != (self._rows, self._columns):
             # grown buffers: the graphs read the old addresses, so they go too
             self.keys, self.values, self._graphs, self._runners, self._pool = [], [], {}, {}, None
+            self.all_keys = self.all_values = torch.empty(0)
             shape = (need_rows, first.shape[1], need_columns, first.shape[-1])
             # zeros, never uninitialised memory: a masked column still meets a zero attention weight, and 0 * NaN
             # would be NaN
-            self.keys = [torch.zeros(shape, dtype=first.dtype, device=first.device) for _ in cache.layers]
-            self.values = [torch.zeros(shape, dtype=first.dtype, device=first.device) for _ in cache.layers]
+            layers = len(cache.layers)
+            # one tensor for all layers, so that a row's keys and values move (`gather`) or are read out (a kept
+            # row) in one copy; `keys` and `values` are its per-layer views
+            self.all_keys = torch.zeros((layers, *shape), dtype=dtype, device=first.device)
+            self.all_values = torch.zeros((layers, *shape), dtype=dtype, device=first.device)
+            self.keys, self.values = list(self.all_keys.unbind(0)), list(self.all_values.unbind(0))
             self._rows, self._columns = need_rows, need_columns
             self.tokens = torch.zeros(need_rows, dtype=torch.long, device=first.device)
             self.positions = torch.zeros(need_rows, dtype=torch.long, device=first.device)
@@ -210,16 +237,38 @@ class StaticDecoder:
     def gather(self, slots: torch.Tensor, columns: int) -> None:
         """Move the rows at `slots` (in order) into the first slots, their first `columns` columns."""
         count = len(slots)
-        for buffers in (self.keys, self.values):
-            for buffer in buffers:
-                buffer[:count, :, :columns] = buffer[slots, :, :columns]
+        for buffer in (self.all_keys, self.all_values):
+            buffer[:, :count, :, :columns] = buffer[:, slots, :, :columns]
         self.mask[:count] = self.mask[slots]
 
     def _runner(self, rows: int, columns: int) -> Callable[[], torch.Tensor]:
         keys = [k[:rows, :, :columns] for k in self.keys]
         values = [v[:rows, :, :columns] for v in self.values]
         tokens, positions, mask = self.tokens[:rows], self.positions[:rows], self.mask[:rows, :, :, :columns]
-        return lambda: _step(self.model, tokens, positions, self.column, mask, keys, values)
+        return lambda: _step(self.model, tokens, positions, self.column, mask, keys, values, self._weights)
+
+    def _refresh_weights(self, dtype: torch.dtype) -> None:
+        """Copy the linear layers' weights into their `dtype` copies, made at the first call under autocast.
+
+        Autocast casts a linear layer's weight at every call, or once per autocast context with its cache; a
+        graph can use neither (captured with the cache, it would read the casts of the context it was captured
+        in, freed when that context closes and stale after an optimizer step; without it, every replay casts
+        all the weights again: a kernel per layer and the weights' bytes read twice). Copies that a call
+        refreshes in place keep their addresses, so the graphs read them, cast once per call: once per
+        `generate`, not once per decode step. The norms and the embedding are not autocast's to cast; they
+        keep their float32 weights.
+        """
+        if not self._weights:
+            inner = self.model.model
+            linears = [self.model.lm_head]
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
+                linears.append(mlp.down_proj)
+            self._weights = {m: torch.empty_like(m.weight, dtype=dtype) for m in linears}
+        with torch.no_grad():
+            for module, copy in self._weights.items():
+                copy.copy_(module.weight)
 
     def _capture(self, run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
         """Capture `run` as a CUDA graph. The warm-up run beforehand (lazy library set-up must not happen during
