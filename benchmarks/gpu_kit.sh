@@ -11,11 +11,35 @@
 #
 # The image this targets (recorded in benchmarks/README.md) has torch 2.11 and transformers, but not gymnasium,
 # tensordict, torchrl, tyro or gguf; TORCHRL/TENSORDICT name the versions built for its torch.
+#
+#   bash benchmarks/gpu_kit.sh light        # leave the folders no device check reads out of what travels
+#   bash benchmarks/gpu_kit.sh restore      # and put them back (do this before any commit)
+#
+# `light` takes benchmarks/results/ and retrievers/data/ (together about 35 MiB) out of git's index and ignores
+# them, so that two 25 MiB pieces fit in one call; the files stay on disk, and `restore` puts the index and the
+# exclude file back as they were. It refuses to run with changes staged, which `restore` would unstage.
 set -euo pipefail
+LIGHT=(benchmarks/results retrievers/data)
+exclude=$(git rev-parse --git-path info/exclude)
+case ${1:-} in
+  light)
+    git diff --cached --quiet || { echo "changes are staged: commit or unstage them first" >&2; exit 1; }
+    git rm -r -q --cached "${LIGHT[@]}"
+    { echo "# gpu_kit.sh light:"; for path in "${LIGHT[@]}"; do echo "/$path/"; done; } >>"$exclude"
+    travels=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb | tail -n 1 | cut -f1)
+    echo "working tree that travels with every call: $((travels / 1048576)) MiB; 'bash $0 restore' before committing"
+    exit 0
+    ;;
+  restore)
+    git reset -q -- "${LIGHT[@]}"
+    sed -i -e '/^# gpu_kit.sh light:$/d' -e '\#^/benchmarks/results/$#d' -e '\#^/retrievers/data/$#d' "$exclude"
+    git status --short -- "${LIGHT[@]}"
+    exit 0
+    ;;
+esac
 PIECE_MB=${PIECE_MB:-25}
 TORCHRL=${TORCHRL:-0.12.0}
 TENSORDICT=${TENSORDICT:-0.12.4}
-exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 for path in /.whl/ /.gpu/; do grep -qxF "$path" "$exclude" 2>/dev/null || echo "$path" >>"$exclude"; done
 
