@@ -123,6 +123,18 @@ def test_static_decoding_refuses_what_it_cannot_do(tiny):
         StaticDecoder(other, graphs=False)
 
 
+def test_static_decoding_refuses_wrapped_linear_layers():
+    """The step reads plain weights: with LoRA adapters injected (the trainer's `--lora`) it would sample from the
+    base model without them, so it refuses, and says why."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model(seed=0)
+    policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).get_base_model()
+    assert not supports(policy)
+    with pytest.raises(ValueError, match="wrapped .*LoRA"):
+        HFSampler(policy, tokenizer, decode="static")
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
     model, tokenizer = tiny_model(seed=0)

@@ -69,7 +69,27 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     # rotary embeddings that rescale with the sequence length read it on the host: not a fixed-shape step
     rope = str(getattr(inner.rotary_emb, "rope_type", "default"))
-    return "dynamic" not in rope and rope != "longrope"
+    return "dynamic" not in rope and rope != "longrope" and not _wrapped_linears(model)
+
+
+def _wrapped_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The decoder's linear layers that are not plain `nn.Linear` (LoRA adapters, quantized layers), by name: the
+    step reads their weights directly, which would skip what the wrapper adds."""
+    wanted = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    names = [
+        f"model.layers.{i}.{part}.{name}"
+        for i in range(len(model.model.layers))
+        for part, name in [("self_attn", n) for n in wanted[:4]] + [("mlp", n) for n in wanted[4:]]
+    ]
+    wrapped = []
+    for name in [*names, "lm_head"]:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:  # a layer the step needs is missing: as unusable as a wrapped one
+            module = None
+        if type(module) is not torch.nn.Linear:
+            wrapped.append((name, module))
+    return wrapped
 
 
 def row_bucket(rows: int) -> int:
@@ -158,6 +178,13 @@ class StaticDecoder:
     def __init__(self, model: PreTrainedModel, *, graphs: bool) -> None:
         if not supports(model):
             kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            if kind in SUPPORTED_MODEL_TYPES and hasattr(model, "model") and (wrapped := _wrapped_linears(model)):
+                name, module = wrapped[0]
+                raise ValueError(
+                    f"static decoding reads plain linear weights, and {len(wrapped)} of this model's linear layers "
+                    f"are wrapped ({name} is a {type(module).__name__}: LoRA adapters?); merge them first, or use "
+                    "the dynamic cache (decode='dynamic')"
+                )
             raise ValueError(
                 f"static decoding reproduces Llama-architecture models (SmolLM2's), not {kind!r}; "
                 "use the dynamic cache (decode='dynamic') for this model"
