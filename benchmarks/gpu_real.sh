@@ -6,7 +6,9 @@
 #   check   - the CUDA-graph decode test, each decode path's logits against a float64 reference, and the sampler
 #             against model.generate with and without graphs (fp32, then bf16 as the gpu preset samples);
 #   steps   - two steps of the seed's configuration (the gpu preset: 32 questions x 2 episodes, 256 new tokens a
-#             turn) with the dynamic cache, then with CUDA graphs, each one's second step split by part;
+#             turn; STEP_COUNT steps, 3 by default) with the dynamic cache, then with CUDA graphs: each step after the
+#             first split by part, and their mean (the first warms up; so can the first backward pass, which runs
+#             only once a group's rewards differ);
 #   curves  - the main job's trainer on the gpu preset for STEPS steps (20 by default) with CUDA graphs, its reward,
 #             F1, valid-answer and SFT-weight curves (metrics.jsonl, curves.png) and its before/after table.
 #
@@ -57,13 +59,16 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 COMMON=(--preset gpu --model "$model" --retriever bm25-python --save-every 0)
-split() {  # the last step's time split of a run's metrics.jsonl
+split() {  # each step's time split of a run's metrics.jsonl after the first, and their mean
   python3 - "$1" <<'PY'
 import json, sys
-last = [json.loads(line) for line in open(sys.argv[1])][-1]
+steps = [json.loads(line) for line in open(sys.argv[1])][1:]
 keys = ["step", "time/step", "time/generation", "time/env_and_retrieval", "time/old_logp", "time/forward_backward",
         "tokens/sampled", "tokens/trained", "tokens/s_generation", "critic/rewards/mean", "answer_f1/mean", "env/answered"]
-print({k: round(last[k], 3) if isinstance(last[k], float) else last[k] for k in keys if k in last})
+for step in steps:
+    print({k: round(step[k], 3) if isinstance(step[k], float) else step[k] for k in keys if k in step})
+means = {k: round(sum(s[k] for s in steps) / len(steps), 3) for k in keys[1:] if all(k in s for s in steps)}
+print(f"mean of steps 2-{len(steps) + 1}:", means)
 PY
 }
 for phase in "$@"; do
@@ -85,10 +90,10 @@ for phase in "$@"; do
       ;;
     steps)
       for decode in $STEP_DECODES; do
-        python3 -m algos.grpo "${COMMON[@]}" --steps 2 --eval-questions 0 --sampler-decode $decode \
+        python3 -m algos.grpo "${COMMON[@]}" --steps "${STEP_COUNT:-3}" --eval-questions 0 --sampler-decode $decode \
           --run-dir "$RUNS/steps-$decode" >"$OUT/steps-$decode.log" 2>&1 || { tail -n 30 "$OUT/steps-$decode.log"; exit 1; }
         cp "$RUNS/steps-$decode/metrics.jsonl" "$OUT/steps-$decode.metrics.jsonl"
-        echo "grpo, gpu preset, sampler $decode, step 2:"
+        echo "grpo, gpu preset, sampler $decode, steps 2-${STEP_COUNT:-3}:"
         split "$RUNS/steps-$decode/metrics.jsonl"
       done
       ;;
