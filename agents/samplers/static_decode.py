@@ -75,11 +75,11 @@ def supports(model: torch.nn.Module) -> bool:
 def _wrapped_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The decoder's linear layers that are not plain `nn.Linear` (LoRA adapters, quantized layers), by name: the
     step reads their weights directly, which would skip what the wrapper adds."""
-    wanted = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     names = [
-        f"model.layers.{i}.{part}.{name}"
+        f"model.layers.{i}.{name}"
         for i in range(len(model.model.layers))
-        for part, name in [("self_attn", n) for n in wanted[:4]] + [("mlp", n) for n in wanted[4:]]
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        + ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     ]
     wrapped = []
     for name in [*names, "lm_head"]:
@@ -142,9 +142,9 @@ def _step(
     rows = tokens.shape[0]
     hidden = inner.embed_tokens(tokens)  # (b, hidden)
     cos, sin = inner.rotary_emb(hidden[:, None], positions[:, None])  # (b, 1, head_dim)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for layer, w, layer_keys, layer_values in zip(inner.layers, weights, keys, values, strict=True):
         attn = layer.self_attn
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         x = _norm(layer.input_layernorm, hidden)
         qkv = F.linear(x, w.qkv, w.qkv_bias).view(rows, heads + 2 * kv_heads, attn.head_dim)
         qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
