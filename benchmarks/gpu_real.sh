@@ -53,7 +53,9 @@ if [ ! -f "$model/model.safetensors" ]; then
     ls -l "$PARTS" >&2
     exit 1
   fi
-  python3 -c "from agents.models import load_model; m, t = load_model('/tmp/smollm2.gguf'); \
+  # float32 and on the CPU, as `ensure_smollm2_cache` converts it: load_model's default on a CUDA machine is
+  # bfloat16, and a folder saved so would hand bfloat16-rounded weights to everything that loads it
+  python3 -c "from agents.models import load_model; m, t = load_model('/tmp/smollm2.gguf', dtype='float32', device='cpu'); \
 m.save_pretrained('$model'); t.save_pretrained('$model'); print(sum(p.numel() for p in m.parameters()) / 1e6, 'M')"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

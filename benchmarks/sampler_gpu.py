@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     if args.config:
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path)
+        # float32 whatever the folder holds (`from_pretrained` keeps a saved bfloat16): `--bf16` is autocast
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = model.cuda().eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
