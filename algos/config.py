@@ -150,10 +150,11 @@ class Config:
     """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
     sampler_batch_size: int = 64
     """Rows per sampler forward pass."""
-    sampler_decode: Literal["dynamic", "static", "graphs"] = "dynamic"
+    sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
-    graph replay per step over static key/value buffers; GPU, Llama-architecture models such as SmolLM2), or static
-    (the same buffers without graphs). See agents/samplers/hf.py."""
+    graph replay per step over static key/value buffers; GPU, Llama-architecture models such as SmolLM2), static
+    (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster there; else
+    dynamic, as on a GPU). See agents/samplers/hf.py."""
 
     # --- optimisation ------------------------------------------------------------------------------------
     lr: float = 1e-6

@@ -14,9 +14,10 @@ What it measures, all with the same torch thread count (`--threads`, default 1: 
   matmul peak (target >= 0.5).
 * batch-1 decode: `HFSampler` sampling one row (temperature 1, no stop) from a 128-token prompt; decode
   tokens/s from the difference of a `--decode-tokens` + 1 and a 1-token generation, as a share of
-  bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once. Twice: as the
-  sampler runs (its few-row linear layers compute W @ x^T, `agents.samplers.hf`) and with `narrow_rows=0`
-  (every layer `F.linear`), side by side.
+  bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once. Three times: as the
+  trainer's sampler runs on a CPU (`decode="auto"`: static steps, `agents.samplers.static_decode`, their few-row
+  products as W @ x^T), with the model's own forward over a dynamic cache (its few-row linear layers as
+  W @ x^T, `agents.samplers.hf`), and the dynamic cache with `narrow_rows=0` (every layer `F.linear`).
 * the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows,
   as `F.linear` (x @ W^T) and as W @ x^T (one row doubled, as the sampler does): the BLAS's own bound on a
   decode step, beside the plain read.
@@ -152,14 +153,19 @@ def forward_backward_seconds(model: torch.nn.Module, lengths: Sequence[int], rep
 
 
 def decode_tokens_per_s(
-    model: torch.nn.Module, tokenizer: Any, new_tokens: int = 64, repeats: int = 3, narrow_rows: int | None = None
+    model: torch.nn.Module,
+    tokenizer: Any,
+    new_tokens: int = 64,
+    repeats: int = 3,
+    narrow_rows: int | None = None,
+    decode: str = "auto",
 ) -> float:
-    """Batch-1 decode tokens/s of `HFSampler` (temperature 1, no stop), prefill excluded; `narrow_rows` as the
-    sampler takes it (None: its default; 0: every linear layer through `F.linear`)."""
+    """Batch-1 decode tokens/s of `HFSampler` (temperature 1, no stop), prefill excluded; `narrow_rows` and
+    `decode` as the sampler takes them (narrow_rows None: its default; 0: every linear layer through `F.linear`)."""
     from agents.records import SamplingParams
     from agents.samplers.hf import HFSampler
 
-    sampler = HFSampler(model, tokenizer, stop_token_ids=[], cache_tokens=0, narrow_rows=narrow_rows)
+    sampler = HFSampler(model, tokenizer, stop_token_ids=[], cache_tokens=0, narrow_rows=narrow_rows, decode=decode)
     prompt = torch.randint(100, 40000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def run(n: int) -> Callable[[], Any]:
@@ -183,7 +189,8 @@ def run(
     seconds = forward_backward_seconds(model, lengths, repeats=max(1, repeats - 1))
     flops = train_flops(model, lengths)
     decode = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats)
-    decode_f_linear = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats, narrow_rows=0)
+    decode_dynamic = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats, decode="dynamic")
+    decode_f_linear = decode_tokens_per_s(model, tokenizer, decode_tokens, repeats, narrow_rows=0, decode="dynamic")
     weights = weight_bytes(model)
     decode_bound = bandwidth / weights
     linear_rates = {rows: linear_read_rate(model, rows, repeats) for rows in (1, 2, 8, 32)}
@@ -203,6 +210,8 @@ def run(
         "decode_tokens_per_s": decode,
         "decode_bound_tokens_per_s": decode_bound,
         "decode_share_of_bound": decode / decode_bound,
+        "decode_dynamic_tokens_per_s": decode_dynamic,
+        "decode_dynamic_share_of_bound": decode_dynamic / decode_bound,
         "decode_f_linear_tokens_per_s": decode_f_linear,
         "decode_f_linear_share_of_bound": decode_f_linear / decode_bound,
         "linear_read_bytes_per_s": linear_rates,
@@ -235,14 +244,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     share = result["decode_share_of_bound"]
     print(
-        f"batch-1 decode: {result['decode_tokens_per_s']:.1f} tokens/s; bound bandwidth / weights "
+        f"batch-1 decode (the trainer's sampler, static steps): {result['decode_tokens_per_s']:.1f} tokens/s; "
+        f"bound bandwidth / weights "
         f"({result['weight_bytes'] / 1e6:.0f} MB) = {result['decode_bound_tokens_per_s']:.1f} tokens/s; "
         f"share {share:.2f} (target >= {DECODE_SHARE_TARGET}: {verdict(share >= DECODE_SHARE_TARGET)})"
     )
     print(
-        f"batch-1 decode with every layer F.linear (narrow_rows=0): {result['decode_f_linear_tokens_per_s']:.1f} "
-        f"tokens/s, share {result['decode_f_linear_share_of_bound']:.2f}; the sampler's few-row form is "
-        f"{result['decode_tokens_per_s'] / result['decode_f_linear_tokens_per_s']:.2f}x that"
+        f"batch-1 decode, the model's forward over a dynamic cache: {result['decode_dynamic_tokens_per_s']:.1f} "
+        f"tokens/s, share {result['decode_dynamic_share_of_bound']:.2f}; static steps "
+        f"{result['decode_tokens_per_s'] / result['decode_dynamic_tokens_per_s']:.2f}x that"
+    )
+    print(
+        f"batch-1 decode, dynamic cache, every layer F.linear (narrow_rows=0): "
+        f"{result['decode_f_linear_tokens_per_s']:.1f} tokens/s, share {result['decode_f_linear_share_of_bound']:.2f}; "
+        f"its few-row form is "
+        f"{result['decode_dynamic_tokens_per_s'] / result['decode_f_linear_tokens_per_s']:.2f}x that"
     )
     forms = (("F.linear (x @ W^T)", "linear_read_bytes_per_s"), ("W @ x^T", "narrow_linear_read_bytes_per_s"))
     for label, key in forms:

@@ -16,7 +16,14 @@ import torch
 from agents.models import tiny_model
 from agents.records import SamplingParams
 from agents.samplers import HFSampler, encode_chat
-from agents.samplers.static_decode import COLUMN_BUCKET, StaticDecoder, column_bucket, row_bucket, supports
+from agents.samplers.static_decode import (
+    COLUMN_BUCKET,
+    StaticDecoder,
+    column_bucket,
+    narrow_linear,
+    row_bucket,
+    supports,
+)
 
 QUESTIONS = [
     "Who wrote Dune?",
@@ -121,6 +128,36 @@ def test_static_decoding_refuses_what_it_cannot_do(tiny):
     assert not supports(other)
     with pytest.raises(ValueError, match="Llama-architecture"):
         StaticDecoder(other, graphs=False)
+
+
+def test_narrow_linear_is_f_linear():
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 16, generator=generator), torch.randn(48, generator=generator)
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 16, generator=generator)
+        for b in (None, bias):
+            assert torch.allclose(narrow_linear(x, weight, b), torch.nn.functional.linear(x, weight, b), atol=1e-5)
+
+
+@pytest.mark.parametrize("narrow_rows", [0, 16], ids=["f_linear", "narrow"])
+def test_few_row_products_on_a_cpu_sample_the_same(tiny, prompts, narrow_rows):
+    """On a CPU the static steps compute products of at most `narrow_rows` rows as W @ x^T (faster there): the
+    samples are the dynamic cache's either way (16 rows covers every bucket here; 0 none)."""
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=3, stop=("k",))
+    expected = HFSampler(model, tokenizer, narrow_rows=0).generate(prompts, params)
+    static = HFSampler(model, tokenizer, decode="static", narrow_rows=narrow_rows)
+    assert_same(static.generate(prompts, params), expected)
+    assert static._static.narrow_rows == narrow_rows
+
+
+def test_auto_decode_is_static_on_a_cpu_where_the_model_allows():
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model(seed=0)
+    assert HFSampler(model, tokenizer, decode="auto").decode == "static"
+    policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).get_base_model()
+    assert HFSampler(policy, tokenizer, decode="auto").decode == "dynamic"  # LoRA wrappers: the model's forward
 
 
 def test_static_decoding_refuses_wrapped_linear_layers():

@@ -72,7 +72,7 @@ from transformers.cache_utils import DynamicLayer
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
-from agents.samplers.static_decode import StaticDecoder, row_bucket
+from agents.samplers.static_decode import StaticDecoder, narrow_linear, row_bucket, supports
 
 logger = logging.getLogger(__name__)
 
@@ -293,10 +293,13 @@ class HFSampler(TokenizerContext):
         narrow_rows: on a CPU, linear layers fed at most this many rows compute W @ x^T (see the module
             docstring); None picks 4 with two or more torch threads and 3 with one, 0 turns it off.
         decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
-            cache that grows and sheds rows (any model, the fastest on a CPU). "graphs": one CUDA graph replay
-            per step over static key/value buffers (`agents.samplers.static_decode`; Llama-architecture models
-            on a CUDA device), for GPUs, where a small model's step is bound by launching its kernels.
-            "static": the same steps without graphs (any device; what the tests compare with "dynamic").
+            cache that grows and sheds rows (any model). "graphs": one CUDA graph replay per step over static
+            key/value buffers (`agents.samplers.static_decode`; Llama-architecture models on a CUDA device), for
+            GPUs, where a small model's step is bound by launching its kernels. "static": the same steps without
+            graphs (any device); on a CPU the fastest, since a step is fewer operations than the model's forward
+            and its few-row products take the W @ x^T form too (batch-1 decode 1.33x, 4 rows 1.25x; see
+            `benchmarks/README.md`). "auto": static on a CPU where the model allows it (`static_decode.supports`:
+            plain Llama-architecture layers, no LoRA wrappers), else dynamic.
     """
 
     def __init__(
@@ -310,7 +313,7 @@ class HFSampler(TokenizerContext):
         stop_token_ids: Iterable[int] | None = None,
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         narrow_rows: int | None = None,
-        decode: Literal["dynamic", "static", "graphs"] = "dynamic",
+        decode: Literal["auto", "dynamic", "static", "graphs"] = "dynamic",
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -336,8 +339,10 @@ class HFSampler(TokenizerContext):
             raise ValueError(f"narrow_rows must be >= 0, got {narrow_rows}")
         self.narrow_rows = narrow_rows
         """Most rows a CPU linear layer computes as W @ x^T; None: 4 with >= 2 torch threads, else 3."""
-        if decode not in ("dynamic", "static", "graphs"):
-            raise ValueError(f"decode must be 'dynamic', 'static' or 'graphs', got {decode!r}")
+        if decode not in ("auto", "dynamic", "static", "graphs"):
+            raise ValueError(f"decode must be 'auto', 'dynamic', 'static' or 'graphs', got {decode!r}")
+        if decode == "auto":
+            decode = "static" if self.device.type == "cpu" and self._plain and supports(model) else "dynamic"
         if decode != "dynamic" and not self._plain:
             raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
         self.decode = decode
@@ -414,7 +419,10 @@ class HFSampler(TokenizerContext):
         was_training = self.model.training
         self.model.eval()  # a trainer may share the model: sample without dropout, then give it back as it was
         try:
-            with _narrow_linears(self.model, self._narrow_limit()):
+            narrow = self._narrow_limit()
+            if self._static is not None:
+                self._static.narrow_rows = narrow
+            with _narrow_linears(self.model, narrow):
                 self._share_prefixes([ids for _, ids, _ in rows])
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = rows[start : start + self.max_batch_size]
@@ -692,12 +700,7 @@ def _narrow_forward(layer: torch.nn.Linear, max_rows: int) -> Callable[[torch.Te
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if not 0 < rows <= max_rows or x.dtype != layer.weight.dtype or torch.is_autocast_enabled(x.device.type):
             return torch.nn.functional.linear(x, layer.weight, layer.bias)
-        flat = x.reshape(rows, x.shape[-1])
-        if rows == 1:  # one row would take the single-threaded matrix-vector path
-            flat = torch.cat((flat, flat))
-        out = torch.mm(layer.weight, flat.t()).t()[:rows]
-        if layer.bias is not None:
-            out = out + layer.bias
+        out = narrow_linear(x.reshape(rows, x.shape[-1]), layer.weight, layer.bias)
         return out.reshape(*x.shape[:-1], layer.weight.shape[0])
 
     return forward

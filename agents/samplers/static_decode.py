@@ -114,6 +114,16 @@ class _LayerWeights:
     down: torch.Tensor
 
 
+def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a 2-D `x` of few rows, computed as (W @ x^T)^T with a lone row doubled: on a
+    CPU the BLAS streams the weight at the memory's rate this way, and far below it as x @ W^T (see
+    `agents.samplers.hf`, "Decode steps on a CPU"). The same sums in another order."""
+    rows = x.shape[0]
+    flat = torch.cat((x, x)) if rows == 1 else x  # one row would take the single-threaded matrix-vector path
+    out = torch.mm(weight, flat.t()).t()[:rows]
+    return out if bias is None else out + bias
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of (b, heads, head_dim) with (b, 1, head_dim) cos and sin (Llama's half split)."""
     half = x.shape[-1] // 2
@@ -130,13 +140,15 @@ def _step(
     values: list[torch.Tensor],
     weights: list[_LayerWeights],
     lm_head: torch.Tensor,
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = F.linear,
 ) -> torch.Tensor:
     """One decode step of a Llama-architecture model over static key/value buffers; returns (b, vocab) logits.
 
     Computes what `LlamaForCausalLM.forward` computes for one token per row, with the row's keys and values written
     in place, in fewer operations: q, k and v as one product, their rotary embedding applied to q and k at once,
     gate and up as one product, the norms as `F.rms_norm` (the same formula, fused where the device has a kernel).
-    `weights` and `lm_head` are the decoder's copies (`StaticDecoder._refresh_weights`).
+    `weights` and `lm_head` are the decoder's copies (`StaticDecoder._refresh_weights`); `linear` computes every
+    product (`narrow_linear` for a CPU's few rows).
     """
     inner, config = model.model, model.config
     rows = tokens.shape[0]
@@ -146,7 +158,7 @@ def _step(
     for layer, w, layer_keys, layer_values in zip(inner.layers, weights, keys, values, strict=True):
         attn = layer.self_attn
         x = _norm(layer.input_layernorm, hidden)
-        qkv = F.linear(x, w.qkv, w.qkv_bias).view(rows, heads + 2 * kv_heads, attn.head_dim)
+        qkv = linear(x, w.qkv, w.qkv_bias).view(rows, heads + 2 * kv_heads, attn.head_dim)
         qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
         key = qk[:, heads:, None]  # (b, kv_heads, 1, head_dim)
         layer_keys.index_copy_(2, column, key.to(layer_keys.dtype))
@@ -154,11 +166,11 @@ def _step(
         # query head h reads key/value head h // groups: for one new token, the groups are rows of one head
         query = qk[:, :heads].reshape(rows, kv_heads, -1, attn.head_dim)  # (b, kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(query, layer_keys, layer_values, attn_mask=mask, scale=attn.scaling)
-        hidden = hidden + F.linear(out.reshape(rows, -1), w.o, attn.o_proj.bias)
+        hidden = hidden + linear(out.reshape(rows, -1), w.o, attn.o_proj.bias)
         mlp = layer.mlp
-        gate, up = F.linear(_norm(layer.post_attention_layernorm, hidden), w.gate_up).chunk(2, dim=-1)
-        hidden = hidden + F.linear(mlp.act_fn(gate) * up, w.down, mlp.down_proj.bias)
-    return F.linear(_norm(inner.norm, hidden), lm_head, model.lm_head.bias)
+        gate, up = linear(_norm(layer.post_attention_layernorm, hidden), w.gate_up, None).chunk(2, dim=-1)
+        hidden = hidden + linear(mlp.act_fn(gate) * up, w.down, mlp.down_proj.bias)
+    return linear(_norm(inner.norm, hidden), lm_head, model.lm_head.bias)
 
 
 def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -194,6 +206,9 @@ class StaticDecoder:
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; use decode='static'")
         self.graphs = graphs
+        self.narrow_rows = 0
+        """On a CPU, steps of at most this many float32 rows compute their products with `narrow_linear` (the
+        sampler sets it per call, as it does for the dynamic path's layers)."""
         self.captured = 0
         """Graphs captured so far (a running count; recaptures after a `clear` count again)."""
         self._key: tuple | None = None  # what the buffers and graphs were made for
@@ -202,7 +217,7 @@ class StaticDecoder:
         self.values: list[torch.Tensor] = []
         self.all_keys = self.all_values = torch.empty(0)  # (layers, rows, kv_heads, columns, head_dim)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._runners: dict[tuple[int, int], Callable[[], torch.Tensor]] = {}
+        self._runners: dict[tuple[int, int, bool], Callable[[], torch.Tensor]] = {}
         self._pool = None
         self._weights: list[_LayerWeights] = []  # the step's weights (`_refresh_weights`), per layer
         self._lm_head = torch.empty(0)
@@ -272,9 +287,11 @@ class StaticDecoder:
         `positions`, `column` and `mask`; returns the (rows, vocab) logits (a graph's output buffer: read it
         before the next step)."""
         columns = self.call_columns
-        run = self._runners.get((rows, columns))
+        # the copies are float32 exactly when no autocast is on (`begin`)
+        narrow = self.device.type == "cpu" and rows <= self.narrow_rows and self._lm_head.dtype == torch.float32
+        run = self._runners.get((rows, columns, narrow))
         if run is None:  # the buffer views of a bucket, made once: a step is on the hot path
-            run = self._runners[rows, columns] = self._runner(rows, columns)
+            run = self._runners[rows, columns, narrow] = self._runner(rows, columns, narrow)
         if not self.graphs:
             return run()
         entry = self._graphs.get((rows, columns))
@@ -294,12 +311,13 @@ class StaticDecoder:
             buffer[:, :count, :, :columns] = buffer[:, slots, :, :columns]
         self.mask[:count] = self.mask[slots]
 
-    def _runner(self, rows: int, columns: int) -> Callable[[], torch.Tensor]:
+    def _runner(self, rows: int, columns: int, narrow: bool) -> Callable[[], torch.Tensor]:
         keys = [k[:rows, :, :columns] for k in self.keys]
         values = [v[:rows, :, :columns] for v in self.values]
         tokens, positions, mask = self.tokens[:rows], self.positions[:rows], self.mask[:rows, :, :, :columns]
+        linear = narrow_linear if narrow else F.linear
         return lambda: _step(
-            self.model, tokens, positions, self.column, mask, keys, values, self._weights, self._lm_head
+            self.model, tokens, positions, self.column, mask, keys, values, self._weights, self._lm_head, linear
         )
 
     def _refresh_weights(self, dtype: torch.dtype) -> None:
