@@ -159,9 +159,11 @@ class Config:
     # --- optimisation ------------------------------------------------------------------------------------
     lr: float = 1e-6
     """AdamW learning rate (the peak one with lr_schedule linear)."""
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    """constant, or linear: decays from lr to lr / 10 over the run, which ends at --steps or at
-    --max-train-minutes, whichever comes first (so a time-bounded run ends on small, settling updates)."""
+    lr_schedule: Literal["constant", "linear", "cooldown"] = "constant"
+    """constant; linear: decays from lr to lr / 10 over the run, which ends at --steps or at --max-train-minutes,
+    whichever comes first (so a time-bounded run ends on small, settling updates); cooldown: constant for the
+    first 80% of the run, then the same straight line to lr / 10 (the final model is not one large update away
+    from a quite different one)."""
     weight_average: float | None = None
     """Decay of an exponential moving average of the trainable weights, updated after every step (its first steps
     average over fewer: the decay is min(weight_average, (1 + step) / (10 + step))); the final model and the held-out

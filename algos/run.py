@@ -686,9 +686,19 @@ def _copy_each(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor])
             target.copy_(source)
 
 
+COOLDOWN = 0.2
+"""The last share of the run over which the cooldown schedule brings the lr down."""
+
+
 def lr_factor(schedule: str, done: float) -> float:
-    """The lr multiplier at `done` (0..1) of the run: 1 throughout (constant), or 1 -> 0.1 in a straight line."""
-    return 1.0 if schedule == "constant" else 1.0 - 0.9 * min(max(done, 0.0), 1.0)
+    """The lr multiplier at `done` (0..1) of the run: 1 throughout (constant), 1 -> 0.1 in a straight line
+    (linear), or 1 until the last `COOLDOWN` of the run, then 1 -> 0.1 in a straight line (cooldown)."""
+    done = min(max(done, 0.0), 1.0)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cooldown":
+        done = max(0.0, done - (1.0 - COOLDOWN)) / COOLDOWN
+    return 1.0 - 0.9 * done
 
 
 def cpu_threads(requested: int | None) -> int:

@@ -141,6 +141,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, lr_schedule):
 def test_linear_lr_schedule_decays_over_steps_or_minutes_whichever_ends_first(tmp_path):
     assert [lr_factor("constant", d) for d in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
     assert [lr_factor("linear", d) for d in (-1.0, 0.0, 0.5, 1.0, 2.0)] == pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
+    assert [lr_factor("cooldown", d) for d in (0.0, 0.8, 0.9, 1.0, 2.0)] == pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
     trainer = _trainer(tmp_path, "lr", steps=4, lr=1e-3, lr_schedule="linear", max_train_minutes=10.0)
     try:
         lrs = []

@@ -48,7 +48,8 @@ step of SmolLM2-135M: about 35 ms on an H100). `decode="graphs"` replays each st
 key/value buffers (`agents.samplers.static_decode`): the prefill runs as above, then the first decode step copies
 the prefilled keys and values into those buffers. `decode="static"` runs the same steps without graphs; it
 samples what the dynamic path samples (tested: same tokens, log-probs within 1e-5 absolute or relative, CPU
-float32).
+float32). On a CPU it is also the faster path: a step is fewer operations than the model's forward, and its
+few-row products take the W @ x^T form above, so `decode="auto"` (the trainer's default) picks it there.
 
 Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
 times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
