@@ -40,7 +40,8 @@ class RolloutCollector(BaseCollector):
         questions_per_batch: distinct questions per batch.
         group_size: episodes per question (G).
         total_batches: stop after this many batches (-1: never).
-        indices: question indices to draw from (default: all of the env's split).
+        indices: question indices to draw from, or a function of the split's size that returns them (default: all
+            of the env's split).
         seed: seeds the data order and the agent's sampling.
         shard: ``(rank, ranks)``: play only this rank's contiguous share of each batch's questions (whole groups;
             data order, group ids and sampling seeds stay the global batch's, so the ranks together play what
@@ -54,7 +55,7 @@ class RolloutCollector(BaseCollector):
         questions_per_batch: int,
         group_size: int,
         total_batches: int = -1,
-        indices: Sequence[int] | None = None,
+        indices: Sequence[int] | Callable[[int], Sequence[int]] | None = None,
         seed: int = 0,
         shard: tuple[int, int] = (0, 1),
     ) -> None:
@@ -67,7 +68,10 @@ class RolloutCollector(BaseCollector):
         self.questions_per_batch, self.group_size = questions_per_batch, group_size
         self.total_batches = total_batches
         self.envs = [env_fn() for _ in range(-(-questions_per_batch // shard[1]) * group_size)]  # the largest share
-        self.indices = np.asarray(indices if indices is not None else range(self.envs[0].unwrapped.num_examples))
+        if indices is None or callable(indices):
+            size = self.envs[0].unwrapped.num_examples
+            indices = range(size) if indices is None else indices(size)
+        self.indices = np.asarray(indices)
         if len(self.indices) == 0:
             raise ValueError("no questions to collect on")
         self.set_seed(seed)

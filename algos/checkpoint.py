@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "Checkpoint",
     "checkpoint_problem",
+    "complete_checkpoints",
     "damaged_checkpoints",
     "find_latest",
     "load_checkpoint",
@@ -258,6 +259,14 @@ def damaged_checkpoints(root: str | os.PathLike) -> dict[Path, str]:
         return {}
     found = {path: checkpoint_problem(path) for path in _step_dirs(root)}
     return {path: problem for path, problem in found.items() if problem is not None}
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Every complete, undamaged ``step_*`` directory under `root` as ``(step, path)``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [(int(p.name.removeprefix("step_")), p) for p in _step_dirs(root) if _is_complete(p)]
 
 
 def find_latest(root: str | os.PathLike) -> Path | None:

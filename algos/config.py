@@ -126,6 +126,10 @@ class Config:
     observation_format: Literal["redcoda", "search_r1"] = "redcoda"
     """How search results read: redcoda (Doc 1 (Title: "..") text, cut to max_passage_words) or search_r1 (Search-R1's
     trainer's Doc 1(Title: "..") text, whole passages: to go on training or evaluating a Search-R1 checkpoint)."""
+    question_after_results: bool = False
+    """Each search's results end with the context's question line again (an executor's: its task), so the answer is
+    written right after the words that say what is asked; no generated token pays for it (`--restate-question` has
+    the model write the question itself)."""
     query_action_format: Literal["tag", "raw"] = "tag"
     """Query-rewrite env only: tag (the query inside <query>..</query>) or raw (the whole reply is the query)."""
     num_questions: int | None = None
@@ -241,6 +245,12 @@ class Config:
     """A data file of held-out questions (with --data-path); None: eval_split of the bundled data."""
     eval_batch_size: int = 50
     """Episodes per batched evaluation rollout."""
+    validation_questions: int = 0
+    """The training split's last N questions, held out of training (no rollout or demonstration uses them): at the
+    run's end every kept checkpoint is scored on them (greedy, the training env) and the best by answer F1 becomes
+    the final model, the later one on a tie. One update can move the greedy policy a long way at this size (a search
+    more per question, a different answer to every yes/no question), so the last step is not always the best of the
+    last few. 0: the last step's weights are the final model."""
 
     # --- logging and checkpoints -------------------------------------------------------------------------
     save_every: int = 50
@@ -282,6 +292,13 @@ class Config:
             )
         if self.eval_questions and self.eval_split == self.split:
             raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
+        if self.validation_questions and self.weight_average is not None:
+            raise ValueError(
+                "--validation-questions with --weight-average: choose one (the checkpoints hold the weights, the "
+                "average is a different model)"
+            )
+        if self.validation_questions and self.is_query_rewrite:
+            raise ValueError("--validation-questions: the query-rewrite env scores no answers to select by")
         ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share
         if ranks > 1 and self.algo == "archer":
             raise ValueError(
@@ -347,6 +364,7 @@ class Config:
             "corpus_path": self.corpus_path,
             "observation_format": None if self.observation_format == "redcoda" else self.observation_format,
             "instructions": None if self.instructions == "search-r1" else self.instructions,
+            "question_after_results": self.question_after_results or None,
         }
         return {
             "split": self.split,
@@ -409,12 +427,14 @@ PRESETS: dict[str, dict[str, object]] = {
         "sft_planner_share": 0.25,
         "sft_num_demos": None,
         "quote_words": 0,
+        "question_after_results": True,
         "lr": 1e-4,
         "micro_batch_tokens": 4096,
         "context_grad": False,
         "torch_threads": None,
         "save_every": 5,
         "eval_questions": 100,
+        "validation_questions": 50,
     },
     "tiny": {
         "preset": "tiny",
@@ -564,6 +584,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
     ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
     ("eval_batch_size", at_least(1), ">= 1"),
+    ("validation_questions", at_least(0), ">= 0 (0: no checkpoint selection)"),
     ("group_size", at_least(1), ">= 1"),
     ("max_new_tokens", at_least(1), ">= 1"),
     ("temperature", positive, "> 0 (sampling divides the logits by it)"),

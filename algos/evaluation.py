@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["before_after", "format_before_after", "held_out_settings", "plot_curves", "score_held_out"]
+__all__ = [
+    "before_after",
+    "format_before_after",
+    "held_out_settings",
+    "plot_curves",
+    "score_held_out",
+    "select_checkpoint",
+    "validation_settings",
+]
 
 TABLE_METRICS = ("em", "f1", "answered", "num_searches", "num_tasks", "invalid_actions")
 """Columns of the before/after table (num_tasks only for CoDA)."""
@@ -62,13 +71,26 @@ def held_out_settings(config: Any) -> dict[str, Any]:
     }
 
 
-def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict[str, Any]:
+def validation_settings(config: Any, questions: Sequence[int]) -> dict[str, Any]:
+    """`held_out_settings` for the validation questions: `questions` of the training split itself (the ones
+    `Config.validation_questions` holds out of training), in the training env unchanged."""
+    return {
+        **held_out_settings(config),
+        "env_kwargs": dict(config.env_kwargs),
+        "questions": [int(i) for i in questions],
+    }
+
+
+def score_held_out(
+    model: Any, config: Any, *, label: str | None = None, validation: Sequence[int] | None = None
+) -> dict[str, Any]:
     """Score one model on the held-out questions of `config`, greedily, in its training env.
 
     Args:
         model: a loaded ``(model, tokenizer)`` pair, a local directory or a hub id (as `benchmarks.evaluate`).
         config: the run's `Config`: `held_out_settings` decides everything but the weights.
         label: the result's ``model`` field (default: the evaluator's name for `model`).
+        validation: score these questions of the training split instead (`validation_settings`).
 
     Returns:
         A `benchmarks.evaluate.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
@@ -77,14 +99,16 @@ def score_held_out(model: Any, config: Any, *, label: str | None = None) -> dict
     from algos import distributed
     from benchmarks.evaluate import evaluate
 
-    settings = held_out_settings(config)
+    settings = held_out_settings(config) if validation is None else validation_settings(config, validation)
+    limit = settings["questions"] if validation is None else None  # the held-out split's first N (as many as it has)
+    questions = range(limit) if validation is None else settings["questions"]
     world = distributed.World(*_rank_and_size())
     result = evaluate(
         settings["agent"],
         model,
-        split=config.eval_split,
-        indices=distributed.shard(range(settings["questions"]), world) if world.enabled else None,
-        limit=settings["questions"],
+        split=config.eval_split if validation is None else config.split,
+        indices=distributed.shard(questions, world) if world.enabled else None if validation is None else questions,
+        limit=limit,
         batch=config.eval_batch_size,
         seed=settings["seed"],
         temperature=0.0,
@@ -221,3 +245,57 @@ def _rank_and_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
+    """Score every kept checkpoint on the validation questions; leave the best one's weights in the policy.
+
+    The questions are the training split's last ``config.validation_questions`` (`TrainingRun.validation_indices`),
+    which no rollout or demonstration of the run used. The policy holds the last step's weights on entry (the newest
+    checkpoint's), so that one is scored first and reloaded only if another wins; the best by answer F1 wins, the
+    later on a tie. Writes ``validation.json`` (each candidate's metrics and predictions) into the run directory.
+
+    Returns:
+        ``{"questions", "selected_step", "last_step", "candidates": [{"step", "path", "metrics"}], "wall_s"}``,
+        the candidates newest first; on data-parallel ranks besides 0 the same without predictions.
+    """
+    import time
+
+    from algos.checkpoint import complete_checkpoints
+
+    start = time.perf_counter()
+    config = trainer.config
+    questions = list(trainer.validation_indices)
+    paths = complete_checkpoints(trainer.checkpoint_dir)[::-1]  # newest first: the policy's weights now
+    candidates = []
+    for i, (step, path) in enumerate(paths):
+        if i > 0:
+            trainer.load_weights(path)
+        with trainer.full_weights():
+            result = score_held_out((trainer.policy, trainer.tokenizer), config, label=path.name, validation=questions)
+        candidates.append({"step": step, "path": str(path), "metrics": result["metrics"], "result": result})
+        logger.info(
+            "validation: %s F1 %.3f, valid answers %.2f (%d questions)",
+            path.name,
+            result["metrics"]["f1"]["mean"],
+            result["metrics"]["answered"]["mean"],
+            len(questions),
+        )
+    best = max(range(len(candidates)), key=lambda i: (candidates[i]["metrics"]["f1"]["mean"], -i))
+    if best != len(candidates) - 1:  # the last candidate scored is what the policy holds now
+        trainer.load_weights(Path(candidates[best]["path"]))
+    summary = {
+        "questions": len(questions),
+        "selected_step": candidates[best]["step"],
+        "last_step": candidates[0]["step"],
+        "candidates": [{k: v for k, v in c.items() if k != "result"} for c in candidates],
+        "wall_s": time.perf_counter() - start,
+    }
+    if trainer.world.is_main:
+        full = {
+            **summary,
+            "settings": validation_settings(config, questions),
+            "results": [c["result"] for c in candidates],
+        }
+        _write_json(trainer.run_dir / "validation.json", full)
+    return summary

@@ -193,7 +193,7 @@ class TrainingRun:
                 self.agent,
                 questions_per_batch=config.questions_per_step,
                 group_size=config.group_size,
-                indices=None if config.num_questions is None else range(config.num_questions),
+                indices=lambda size: training_indices(config, size),
                 seed=config.seed,
                 shard=(self.world.rank, self.world.size),
             )
@@ -203,9 +203,15 @@ class TrainingRun:
                 f"--num-questions {config.num_questions} is more than the {env.num_examples} questions of "
                 f"{getattr(env, 'data_file', None) or config.split}"
             )
+        self.validation_indices = validation_indices(config, env.num_examples)
+        """The training split's questions held out of training for the final model's selection (`select_checkpoint`)."""
         uses_sft = self.weighting.uses_sft and config.sft_coef > 0
         with distributed.main_first():
-            self.demos = load_demonstrations(config, self.tokenizer, max_tokens=max_context) if uses_sft else []
+            self.demos = (
+                load_demonstrations(config, self.tokenizer, max_tokens=max_context, exclude=self.validation_indices)
+                if uses_sft
+                else []
+            )
         self.init_learner()
         self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
         """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
@@ -497,6 +503,16 @@ class TrainingRun:
             _copy_each(self._averaged_parameters(), self.average)
             self.collector.update_policy_weights_()
 
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Put a checkpoint's trainable weights into the policy; the optimizer, rule and data position stay as they
+        are (the final model's selection, `algos.evaluation.select_checkpoint`)."""
+        weights = load_checkpoint(path).weights
+        weights = {k: v for k, v in weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}
+        unexpected = distributed.load_full_state_dict(self.policy, weights)  # under --fsdp each rank keeps its shard
+        if unexpected:
+            raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
+        self.collector.update_policy_weights_()
+
     def save_final_model(self) -> Path | None:
         """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically.
 
@@ -629,10 +645,18 @@ class TrainingRun:
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
         checkpoint = self.save()  # rank 0 writes; the other ranks write nothing (under --fsdp they help gather)
+        distributed.barrier()  # every checkpoint is on disk before any rank lists them
+        validation = None
+        if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
+            from algos.evaluation import select_checkpoint
+
+            validation = select_checkpoint(self)
         self.use_average()  # --weight-average: the final model and the evaluation are the average
         final = self.save_final_model()
         if checkpoint is not None and final is not None:
             summary = self.summary(checkpoint, final)
+            if validation is not None:
+                summary["validation"] = validation
         if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
             from algos.evaluation import before_after, plot_curves
 
@@ -688,6 +712,23 @@ def _copy_each(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor])
 
 COOLDOWN = 0.2
 """The last share of the run over which the cooldown schedule brings the lr down."""
+
+
+def training_indices(config: Config, size: int) -> range:
+    """The questions of a `size`-question training split that rollouts draw from: the first ``num_questions``
+    (all when None), less the last ``validation_questions`` (`validation_indices`)."""
+    end = size - config.validation_questions
+    if end < 1:
+        raise DataError(
+            f"--validation-questions {config.validation_questions} leaves none of the {size} training questions"
+        )
+    return range(end if config.num_questions is None else min(end, config.num_questions))
+
+
+def validation_indices(config: Config, size: int) -> range:
+    """The last ``validation_questions`` of a `size`-question training split: held out of training, they choose
+    the final model among the kept checkpoints (`algos.evaluation.select_checkpoint`)."""
+    return range(max(0, size - config.validation_questions), size)
 
 
 def lr_factor(schedule: str, done: float) -> float:
@@ -759,6 +800,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row("SFT weight (last steps)", f"{summary['sft_weight_last']:.3f}")
     table.add_row("checkpoint", summary["checkpoint"])
     table.add_row("final model", summary["final_model"])
+    if "validation" in summary:
+        v = summary["validation"]
+        scores = ", ".join(f"{c['step']}: {c['metrics']['f1']['mean']:.3f}" for c in v["candidates"])
+        table.add_row(
+            f"final model's step (F1 on {v['questions']} validation questions)", f"{v['selected_step']} ({scores})"
+        )
     table.add_row("metrics", summary["metrics"])
     if "curves" in summary:
         table.add_row("learning curves", summary["curves"])

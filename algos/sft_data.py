@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,11 @@ def _generation_record(generation: Generation, trajectory: Trajectory) -> str:
 
 
 def read_demonstrations(
-    path: str | os.PathLike, tokenizer: Any, *, question_kinds: Sequence[str] | None = None
+    path: str | os.PathLike,
+    tokenizer: Any,
+    *,
+    question_kinds: Sequence[str] | None = None,
+    exclude: Container[int] = (),
 ) -> list[Generation]:
     """Read demonstrations of either format (see the module docstring), keeping only correct (F1 > 0) and
     grounded ones, with yes/no answers balanced (episodes are kept whole; see the module docstring).
@@ -154,6 +158,7 @@ def read_demonstrations(
         tokenizer: Tokenizes the chat format's messages; its vocabulary bounds the token format's ids.
         question_kinds: Each question's kind by its index in the split (`question_kinds`); given, the episodes
             are cut to the kinds' shares among these questions (`mix_like_questions`).
+        exclude: Question indices whose episodes are dropped (the validation questions, held out of training).
 
     Returns:
         The demonstrations' contexts; their ``sample_logprobs`` are 0 (they are not sampled).
@@ -180,6 +185,8 @@ def read_demonstrations(
                 if float(record.get("f1", 1.0)) <= 0 or not record.get("grounded", True):
                     continue
                 key = record.get("index", f"line{line_no}")
+                if isinstance(key, int) and key in exclude:
+                    continue
                 if "token_ids" in record:
                     ids, mask = record["token_ids"], record["loss_mask"]
                     generation = Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), record.get("role", "agent"))
@@ -266,13 +273,16 @@ def _from_messages(context: dict[str, Any], tokenizer: Any) -> Generation:
     return Generation(tuple(ids), tuple(mask), (0.0,) * len(ids), context.get("role", "agent"))
 
 
-def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | None = None) -> list[Generation]:
+def load_demonstrations(
+    config: Config, tokenizer: Any, *, max_tokens: int | None = None, exclude: Container[int] = ()
+) -> list[Generation]:
     """The SFT demonstrations for `config`: from ``config.sft_data``, the cache, or a fresh oracle run.
 
     Args:
         config: Training config (env settings, ``sft_data``, ``sft_num_demos``, seed).
         tokenizer: The policy's tokenizer.
         max_tokens: Drop contexts longer than this (the model's context); None keeps all.
+        exclude: Question indices whose episodes are dropped (`read_demonstrations`).
 
     Returns:
         Demonstration contexts (every context of every kept episode).
@@ -282,7 +292,7 @@ def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | Non
     """
     kinds = question_kinds(config) if config.sft_mix == "questions" else None
     if config.sft_data is not None:
-        demos = read_demonstrations(config.sft_data, tokenizer, question_kinds=kinds)
+        demos = read_demonstrations(config.sft_data, tokenizer, question_kinds=kinds, exclude=exclude)
         source = config.sft_data
     else:
         path = demonstrations_cache_path(config, tokenizer)
@@ -291,7 +301,7 @@ def load_demonstrations(config: Config, tokenizer: Any, *, max_tokens: int | Non
             _write_atomic(path, (_generation_record(g, t) for t in trajectories for g in t.generations))
             correct = sum(float(t.info.get("f1", 0.0)) > 0 for t in trajectories)
             logger.info("oracle: %d of %d episodes correct; cached at %s", correct, len(trajectories), path)
-        demos = read_demonstrations(path, tokenizer, question_kinds=kinds)
+        demos = read_demonstrations(path, tokenizer, question_kinds=kinds, exclude=exclude)
         source = str(path)
     logger.info("%d demonstration contexts from %s (%s)", len(demos), source, config.sft_mix)
     kept = [d for d in demos if max_tokens is None or len(d.token_ids) <= max_tokens]

@@ -158,6 +158,8 @@ class _Episode:
     refines: list[str] = field(default_factory=list)
     retrieved_titles: set[str] = field(default_factory=set)
     transcript: list[tuple[str, str]] = field(default_factory=list)
+    asked: str = ""
+    """The open context's question (an executor's: its task), as its user message shows it."""
     done: bool = False
 
 
@@ -228,6 +230,7 @@ class RAGEnv(gym.Env[str, str]):
     | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
     | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's + <refine>) or "short" (half as long) |
     | observation_format | "redcoda" | "redcoda" (cut to max_passage_words) or "search_r1" (Search-R1's format) |
+    | question_after_results | False | each search's results end with the context's question line again |
 
     An agent that cannot go on (its context is full) ends the running episode with
     ``env.unwrapped.end_episode(reason)``: scored as unanswered, it returns the reward and terminal info a
@@ -279,6 +282,7 @@ class RAGEnv(gym.Env[str, str]):
         retriever_retries: int = 2,
         instructions: str = "search-r1",
         observation_format: str = "redcoda",
+        question_after_results: bool = False,
     ) -> None:
         if protocol not in ("flat", "coda"):
             raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
@@ -314,6 +318,9 @@ class RAGEnv(gym.Env[str, str]):
         self.max_action_chars = max_action_chars
         self.instructions = INSTRUCTION_STYLES[instructions]
         self.observation_format = observation_format
+        self.question_after_results = bool(question_after_results)
+        """Repeat the question (an executor's task) after each search's results: the answer is then written right
+        after the words that say what is asked, not a block of passages away from them, for no generated token."""
         self.reward_weights = reward_weights
         self.render_mode = render_mode
         self.query_cache = query_cache
@@ -371,6 +378,7 @@ class RAGEnv(gym.Env[str, str]):
 
     def _open_context(self, role: str, text: str) -> tuple[str, dict[str, Any]]:
         system, user = self.instructions[role], protocol.user_message(role, text)
+        self._episode.asked = user
         obs = f"{system}\n\n{user}\n"
         self._episode.transcript.append(("env", obs))
         return obs, {"role": role, "new_context": True, "system_prompt": system, "user_message": user}
@@ -416,6 +424,8 @@ class RAGEnv(gym.Env[str, str]):
             obs = f"\nInvalid action: {info['error']}.\n"
         elif parsed.tool == "search":
             obs = "\n\n" + self._search(parsed.argument, info) + "\n\n"
+            if self.question_after_results:
+                obs += episode.asked + "\n\n"
         elif parsed.tool == "task":
             episode.num_tasks += 1
             episode.role, episode.executor_turns = "executor", 0

@@ -205,6 +205,25 @@ def test_top_k_and_passage_length_are_arguments():
 
 
 @pytest.mark.parametrize("protocol_name", ["flat", "coda"])
+def test_question_after_results_ends_each_search_with_the_contexts_question(protocol_name):
+    env = make(protocol=protocol_name, question_after_results=True)
+    obs, info = env.reset(options={"index": 0})
+    asked = info["user_message"]
+    if protocol_name == "coda":  # the executor's results end with its own task, not the planner's question
+        obs, *_, info = env.step("<task>Who directed Ed Wood?</task>")
+        asked = info["user_message"]
+        assert asked == "Task: Who directed Ed Wood?"
+    obs, *_ = env.step("<search>Ed Wood film</search>")
+    results, question = obs.strip().rsplit("\n\n", 1)
+    assert question == asked and results.endswith("</information>")
+    plain = make(protocol=protocol_name)
+    plain.reset(options={"index": 0})
+    if protocol_name == "coda":
+        plain.step("<task>Who directed Ed Wood?</task>")
+    assert plain.step("<search>Ed Wood film</search>")[0].strip() == results  # otherwise the same observation
+
+
+@pytest.mark.parametrize("protocol_name", ["flat", "coda"])
 def test_short_instructions_open_every_context(protocol_name):
     from envs.protocol import INSTRUCTIONS, SHORT_INSTRUCTIONS
 

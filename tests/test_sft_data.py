@@ -124,3 +124,12 @@ def test_question_kinds_of_the_bundled_split():
     kinds = question_kinds(preset_config("cpu"))
     assert len(kinds) == 1325 and set(kinds) == {"bridge", "comparison", "yes/no"}
     assert question_kinds(preset_config("cpu", env="RedCoda-Bamboogle-v0", split="test")) is None  # no types
+
+
+def test_excluded_questions_leave_no_episode(tmp_path, tokenizer):
+    """The validation questions' episodes are dropped whole; lines without a question index stay."""
+    lines = [_episode(i, f"a{i}", role) for i in range(4) for role in ("planner", "executor")]
+    path = _write(tmp_path, *lines, GOOD)
+    kept = read_demonstrations(path, tokenizer, exclude=range(2, 4))
+    assert len(read_demonstrations(path, tokenizer)) == 9
+    assert len(kept) == 5  # questions 0 and 1 (two contexts each) and the line without an index

@@ -319,3 +319,83 @@ def test_a_run_with_a_weight_average_saves_and_scores_the_average(tmp_path):
     state = model.state_dict()
     for name, value in averaged.items():
         torch.testing.assert_close(state[name], value, msg=name)
+
+
+def test_validation_questions_are_the_splits_last_and_never_trained_on():
+    from algos.run import training_indices, validation_indices
+
+    config = preset_config("tiny", num_questions=None, validation_questions=10)
+    assert training_indices(config, 100) == range(90) and validation_indices(config, 100) == range(90, 100)
+    assert training_indices(dataclasses.replace(config, num_questions=95), 100) == range(90)  # never overlapping
+    assert training_indices(dataclasses.replace(config, num_questions=16), 100) == range(16)
+    assert validation_indices(dataclasses.replace(config, validation_questions=0), 100) == range(0)
+    with pytest.raises(Exception, match="--validation-questions 10 leaves none of the 10 training questions"):
+        training_indices(config, 10)
+
+
+def _selected_run(tmp_path, monkeypatch, f1_by_checkpoint=None):
+    """A 3-step run keeping every step's checkpoint, its final model chosen on 4 validation questions; with
+    `f1_by_checkpoint`, the validation scores are those (the rule alone), else the real scores of the real run."""
+    import algos.evaluation as evaluation
+    from agents.models import load_model
+    from algos.checkpoint import load_checkpoint
+
+    if f1_by_checkpoint is not None:
+        real = evaluation.score_held_out
+
+        def scored(model, config, *, label=None, validation=None):
+            result = real(model, config, label=label, validation=validation[:1])
+            result["metrics"]["f1"]["mean"] = f1_by_checkpoint[label]
+            return result
+
+        monkeypatch.setattr(evaluation, "score_held_out", scored)
+    trainer = _trainer(
+        tmp_path,
+        "run",
+        algo="red_grpo",
+        steps=3,
+        save_every=1,
+        keep_checkpoints=3,
+        validation_questions=4,
+        eval_questions=0,
+    )
+    try:
+        split_size = trainer.collector.envs[0].unwrapped.num_examples
+        assert list(trainer.validation_indices) == list(range(split_size - 4, split_size))
+        assert not set(trainer.collector.indices.tolist()) & set(trainer.validation_indices)
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    validation = summary["validation"]
+    model, _ = load_model(summary["final_model"])
+    chosen = load_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{validation['selected_step']:06d}").weights
+    state = model.state_dict()
+    for name, value in chosen.items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
+    return validation
+
+
+def test_the_final_model_is_the_kept_checkpoint_best_on_validation_questions(tmp_path, monkeypatch):
+    validation = _selected_run(tmp_path, monkeypatch, {"step_000001": 0.2, "step_000002": 0.5, "step_000003": 0.1})
+    assert validation["selected_step"] == 2 and validation["last_step"] == 3
+    assert [c["step"] for c in validation["candidates"]] == [3, 2, 1]
+    assert (tmp_path / "run" / "validation.json").is_file()
+
+
+def test_on_a_tie_the_later_checkpoint_stays_the_final_model(tmp_path, monkeypatch):
+    validation = _selected_run(tmp_path, monkeypatch, {"step_000001": 0.5, "step_000002": 0.5, "step_000003": 0.1})
+    assert validation["selected_step"] == 2
+
+
+def test_validation_scores_the_real_checkpoints_on_the_held_out_training_questions(tmp_path, monkeypatch):
+    validation = _selected_run(tmp_path, monkeypatch)
+    assert validation["questions"] == 4 and len(validation["candidates"]) == 3
+    f1 = {c["step"]: c["metrics"]["f1"]["mean"] for c in validation["candidates"]}
+    assert validation["selected_step"] == max(f1, key=lambda step: (f1[step], step))
+    results = __import__("json").loads((tmp_path / "run" / "validation.json").read_text())["results"]
+    assert all(r["split"] == "train" and r["n"] == 4 for r in results)
+
+
+def test_validation_refuses_a_weight_average():
+    with pytest.raises(ValueError, match="--validation-questions with --weight-average"):
+        preset_config("tiny", validation_questions=4, weight_average=0.9)
