@@ -99,15 +99,18 @@ def score_held_out(
     from algos import distributed
     from benchmarks.evaluate import evaluate
 
-    settings = held_out_settings(config) if validation is None else validation_settings(config, validation)
-    limit = settings["questions"] if validation is None else None  # the held-out split's first N (as many as it has)
-    questions = range(limit) if validation is None else settings["questions"]
+    if validation is None:  # the held-out split's first N questions (as many as it has)
+        settings = held_out_settings(config)
+        split, questions, limit = config.eval_split, range(settings["questions"]), settings["questions"]
+    else:
+        settings = validation_settings(config, validation)
+        split, questions, limit = config.split, settings["questions"], None
     world = distributed.World(*_rank_and_size())
     result = evaluate(
         settings["agent"],
         model,
-        split=config.eval_split if validation is None else config.split,
-        indices=distributed.shard(questions, world) if world.enabled else None if validation is None else questions,
+        split=split,
+        indices=distributed.shard(questions, world) if world.enabled else None if limit is not None else questions,
         limit=limit,
         batch=config.eval_batch_size,
         seed=settings["seed"],
@@ -257,7 +260,7 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
 
     Returns:
         ``{"questions", "selected_step", "last_step", "candidates": [{"step", "path", "metrics"}], "wall_s"}``,
-        the candidates newest first; on data-parallel ranks besides 0 the same without predictions.
+        the candidates newest first (the same on every data-parallel rank; rank 0 alone writes the file).
     """
     import time
 

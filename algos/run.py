@@ -404,9 +404,7 @@ class TrainingRun:
                 logger.warning("%s holds no weight average: the average starts from its weights", path)
                 distributed.load_full_state_dict(self.policy, weights)
             _copy_each(self.average, self._averaged_parameters())
-        unexpected = distributed.load_full_state_dict(self.policy, weights)  # under --fsdp each rank keeps its shard
-        if unexpected:
-            raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
+        self._put_weights(weights, path)
         optimizer = checkpoint.optimizer
         if self.fsdp:
             optimizer = distributed.shard_optimizer_state(self.optimizer, optimizer)
@@ -507,11 +505,16 @@ class TrainingRun:
         """Put a checkpoint's trainable weights into the policy; the optimizer, rule and data position stay as they
         are (the final model's selection, `algos.evaluation.select_checkpoint`)."""
         weights = load_checkpoint(path).weights
-        weights = {k: v for k, v in weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}
-        unexpected = distributed.load_full_state_dict(self.policy, weights)  # under --fsdp each rank keeps its shard
+        self._put_weights(
+            {k: v for k, v in weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}, path
+        )
+        self.collector.update_policy_weights_()
+
+    def _put_weights(self, weights: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+        """Copy a checkpoint's policy weights into the policy (under --fsdp each rank keeps its shard)."""
+        unexpected = distributed.load_full_state_dict(self.policy, weights)
         if unexpected:
             raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
-        self.collector.update_policy_weights_()
 
     def save_final_model(self) -> Path | None:
         """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically.
