@@ -10,9 +10,13 @@
 #             first split by part, and their mean (the first warms up; so can the first backward pass, which runs
 #             only once a group's rewards differ);
 #   curves  - the main job's trainer on the gpu preset for STEPS steps (20 by default) with CUDA graphs, its reward,
-#             F1, valid-answer and SFT-weight curves (metrics.jsonl, curves.png) and its before/after table.
+#             F1, valid-answer and SFT-weight curves (metrics.jsonl, curves.png) and its before/after table;
+#   budget  - the main job's own recipe (the cpu preset, float32 as on a CPU) for BUDGET_MINUTES of training (5),
+#             more steps than a CPU makes in its 25 minutes, a checkpoint every BUDGET_EVERY steps (20), each scored
+#             greedily on BUDGET_QUESTIONS held-out training questions (100; the run's own validation choice):
+#             whether the recipe keeps learning past the CPU's budget, on questions no report uses.
 #
-#   bash benchmarks/gpu_real.sh stash check steps curves  # any subset, in this order; output under $OUT (or /tmp)
+#   bash benchmarks/gpu_real.sh stash check steps curves budget  # any subset, in this order; output under $OUT (or /tmp)
 #
 # Knobs (environment): STEPS (curves' steps, 20), CURVES_FLAGS (more trainer flags for curves, e.g. "--lr 1e-4
 # --max-train-minutes 5"), DECODE (curves' sampler, graphs), DTYPES (the sampler benchmark's, "fp32 bf16"),
@@ -109,6 +113,19 @@ for phase in "$@"; do
       tail -n 25 "$OUT/curves.log"
       [ -z "${status:-}" ] || exit "$status"
       ;;
-    *) echo "unknown phase $phase (stash first, then check, steps, curves)" >&2; exit 2 ;;
+    budget)
+      # the gpu preset's flags first, then the cpu preset's (the last --preset wins); --eval-questions 0: the
+      # report's dev questions are not looked at, the validation questions are the measurement
+      python3 -m algos.red_grpo "${COMMON[@]}" --preset cpu --bf16 False --sampler-decode "$DECODE" \
+        --max-train-minutes "${BUDGET_MINUTES:-5}" --save-every "${BUDGET_EVERY:-20}" --keep-checkpoints 100 \
+        --validation-questions "${BUDGET_QUESTIONS:-100}" --eval-questions 0 --run-dir "$RUNS/budget" \
+        >"$OUT/budget.log" 2>&1 || status=$?
+      for f in metrics.jsonl curves.png validation.json; do
+        [ -f "$RUNS/budget/$f" ] && cp "$RUNS/budget/$f" "$OUT/budget.$f"
+      done
+      grep -E "validation:|steps? in|selected" "$OUT/budget.log" | tail -n 30
+      [ -z "${status:-}" ] || exit "$status"
+      ;;
+    *) echo "unknown phase $phase (stash first, then check, steps, curves, budget)" >&2; exit 2 ;;
   esac
 done
