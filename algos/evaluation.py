@@ -11,7 +11,8 @@ depend only on those settings, so they are cached (``cache_root()/eval/``) and c
 The table: EM, F1, the valid-answer rate (episodes ended by a valid <answer>), searches per question, and for
 CoDA the planner's tasks per episode, each with its 95% interval over questions (Wilson's for the rates EM and
 valid answers, t for the rest). ``curves.png`` plots reward, F1, valid-answer rate and the SFT weight per
-training step from metrics.jsonl.
+training step from metrics.jsonl (each step and a 10-step mean), with the held-out scores beside the rollouts':
+the starting and the final model's, and each kept checkpoint's on the validation questions.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,8 +215,37 @@ def format_before_after(before: dict[str, Any], after: dict[str, Any], config: A
     return "\n".join(lines)
 
 
-def plot_curves(metrics_path: Path, out: Path) -> Path | None:
-    """curves.png: reward, answer F1, valid-answer rate and SFT weight per step (None when nothing to plot)."""
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean of each value and the ``window - 1`` before it (fewer at the start); NaNs are skipped."""
+    out = []
+    for i in range(len(values)):
+        seen = [v for v in values[max(0, i - window + 1) : i + 1] if not math.isnan(v)]
+        out.append(sum(seen) / len(seen) if seen else math.nan)
+    return out
+
+
+def plot_curves(
+    metrics_path: Path,
+    out: Path,
+    *,
+    evaluation: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+    final_step: int | None = None,
+) -> Path | None:
+    """curves.png: reward, answer F1, valid-answer rate and SFT weight per step (None when nothing to plot).
+
+    Each step's value is a dot and a line of their trailing 10-step mean (a step's rollouts are a handful of
+    episodes, so one step says little). The F1 and valid-answer panels also show what was measured on questions
+    the run never trained on: the held-out evaluation's starting model at step 0 and trained model at
+    ``final_step`` (with their 95% intervals), and each kept checkpoint's score on the validation questions.
+
+    Args:
+        metrics_path: The run's ``metrics.jsonl``.
+        out: Where to write the PNG.
+        evaluation: `before_after`'s result, or None.
+        validation: `select_checkpoint`'s result, or None.
+        final_step: The step whose weights the evaluation scored (the validation's choice, else the last step).
+    """
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     if not rows:
         return None
@@ -224,18 +255,41 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     panels = [
-        ("critic/rewards/mean", "reward"),
-        ("answer_f1/mean", "answer F1 (rollouts)"),
-        ("env/answered", "valid answers (rollouts)"),
-        ("sft/weight", "SFT weight (RED w)"),
+        ("critic/rewards/mean", "reward", None),
+        ("answer_f1/mean", "answer F1", "f1"),
+        ("env/answered", "valid answers", "answered"),
+        ("sft/weight", "SFT weight (RED w)", None),
     ]
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker=".", linewidth=1)
+    final_step = steps[-1] if final_step is None else final_step
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    for ax, (key, title, held_out) in zip(axes, panels, strict=True):
+        values = [float(r.get(key, math.nan)) for r in rows]
+        ax.plot(steps, values, ".", color="0.65", markersize=4, label="rollouts, each step")
+        ax.plot(steps, moving_average(values, 10), color="C0", linewidth=2, label="rollouts, 10-step mean")
+        if held_out and validation:
+            points = sorted((c["step"], c["metrics"][held_out]["mean"]) for c in validation["candidates"])
+            ax.plot(*zip(*points, strict=True), "s", color="C2", label=f"validation ({validation['questions']} q)")
+        if held_out and evaluation:
+            n = evaluation["after"]["n"]
+            for label, step, color in (("before", 0, "C3"), ("after", final_step, "C1")):
+                interval = evaluation[label]["metrics"][held_out]
+                error = [[interval["mean"] - interval["low"]], [interval["high"] - interval["mean"]]]
+                ax.errorbar(
+                    [step],
+                    [interval["mean"]],
+                    yerr=error,
+                    fmt="*",
+                    markersize=11,
+                    color=color,
+                    capsize=3,
+                    label=f"{'start' if label == 'before' else 'final'}, held-out ({n} q)",
+                )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        if held_out:
+            ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -18,7 +18,7 @@ from agents.records import SamplingParams
 from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
-from algos.evaluation import before_after
+from algos.evaluation import before_after, moving_average, plot_curves
 from algos.run import busy_cores
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
 from algos.trainer import Trainer, cpu_threads, rewards_tied
@@ -177,3 +177,50 @@ def test_busy_cores_counts_a_process_spinning_now():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_a_moving_average_trails_and_skips_missing_values():
+    assert moving_average([1.0, float("nan"), 3.0, 5.0, 7.0], 2) == [1.0, 1.0, 3.0, 4.0, 6.0]
+    assert moving_average([2.0, 4.0, 6.0], 10) == [2.0, 3.0, 4.0]
+
+
+def test_the_curves_show_the_held_out_scores_beside_the_rollouts(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {
+            "step": s,
+            "critic/rewards/mean": -3.0 + s / 10,
+            "answer_f1/mean": s / 40,
+            "env/answered": 1.0,
+            "sft/weight": 2.0,
+        }
+        for s in range(1, 13)
+    ]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def scores(f1: float, answered: float) -> dict:
+        interval = lambda mean: {"mean": mean, "low": mean - 0.05, "high": mean + 0.05, "n": 100}  # noqa: E731
+        return {"n": 100, "metrics": {"f1": interval(f1), "answered": interval(answered)}}
+
+    evaluation = {"before": scores(0.0, 0.1), "after": scores(0.21, 0.97)}
+    validation = {
+        "questions": 50,
+        "candidates": [{"step": s, "metrics": scores(f1, 1.0)["metrics"]} for s, f1 in ((12, 0.18), (10, 0.25))],
+    }
+    drawn = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, out, **kw: drawn.setdefault("fig", fig))
+    assert plot_curves(metrics, tmp_path / "curves.png", evaluation=evaluation, validation=validation, final_step=10)
+
+    f1_axis = next(ax for ax in drawn["fig"].axes if ax.get_title() == "answer F1")
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in f1_axis.get_lines()}
+    assert lines["rollouts, each step"] == ([r["step"] for r in rows], [r["answer_f1/mean"] for r in rows])
+    assert lines["rollouts, 10-step mean"][1][-1] == pytest.approx(sum(r["answer_f1/mean"] for r in rows[2:]) / 10)
+    assert lines["validation (50 q)"] == ([10, 12], [0.25, 0.18])  # in step order
+    errorbars = {c.get_label(): c.lines[0] for c in f1_axis.containers}
+    start, final = errorbars["start, held-out (100 q)"], errorbars["final, held-out (100 q)"]
+    assert (list(start.get_xdata()), list(start.get_ydata())) == ([0], [0.0])
+    assert (list(final.get_xdata()), list(final.get_ydata())) == ([10], [0.21])  # at the step the validation chose
+    reward_axis = next(ax for ax in drawn["fig"].axes if ax.get_title() == "reward")
+    assert {line.get_label() for line in reward_axis.get_lines()} == {"rollouts, each step", "rollouts, 10-step mean"}
