@@ -216,10 +216,11 @@ def format_before_after(before: dict[str, Any], after: dict[str, Any], config: A
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
-    """Trailing mean of each value and the ``window - 1`` before it (fewer at the start); NaNs are skipped."""
+    """Trailing mean of each value and the ``window - 1`` before it (fewer at the start); values that are not
+    finite (a step that logged none) are skipped, and a window with none left is NaN."""
     out = []
     for i in range(len(values)):
-        seen = [v for v in values[max(0, i - window + 1) : i + 1] if not math.isnan(v)]
+        seen = [v for v in values[max(0, i - window + 1) : i + 1] if math.isfinite(v)]
         out.append(sum(seen) / len(seen) if seen else math.nan)
     return out
 
@@ -230,21 +231,20 @@ def plot_curves(
     *,
     evaluation: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
-    final_step: int | None = None,
 ) -> Path | None:
     """curves.png: reward, answer F1, valid-answer rate and SFT weight per step (None when nothing to plot).
 
     Each step's value is a dot and a line of their trailing 10-step mean (a step's rollouts are a handful of
     episodes, so one step says little). The F1 and valid-answer panels also show what was measured on questions
-    the run never trained on: the held-out evaluation's starting model at step 0 and trained model at
-    ``final_step`` (with their 95% intervals), and each kept checkpoint's score on the validation questions.
+    the run never trained on: the held-out evaluation's starting model at step 0 and trained model at its step
+    (the validation's choice, else the last step; with their 95% intervals), and each kept checkpoint's score on
+    the validation questions.
 
     Args:
         metrics_path: The run's ``metrics.jsonl``.
         out: Where to write the PNG.
         evaluation: `before_after`'s result, or None.
         validation: `select_checkpoint`'s result, or None.
-        final_step: The step whose weights the evaluation scored (the validation's choice, else the last step).
     """
     rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
     if not rows:
@@ -261,7 +261,7 @@ def plot_curves(
         ("sft/weight", "SFT weight (RED w)", None),
     ]
     steps = [r["step"] for r in rows]
-    final_step = steps[-1] if final_step is None else final_step
+    final_step = validation["selected_step"] if validation else steps[-1]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     for ax, (key, title, held_out) in zip(axes, panels, strict=True):
         values = [float(r.get(key, math.nan)) for r in rows]
@@ -272,8 +272,8 @@ def plot_curves(
             ax.plot(*zip(*points, strict=True), "s", color="C2", label=f"validation ({validation['questions']} q)")
         if held_out and evaluation:
             n = evaluation["after"]["n"]
-            for label, step, color in (("before", 0, "C3"), ("after", final_step, "C1")):
-                interval = evaluation[label]["metrics"][held_out]
+            for model, label, step, color in (("before", "start", 0, "C3"), ("after", "final", final_step, "C1")):
+                interval = evaluation[model]["metrics"][held_out]
                 error = [[interval["mean"] - interval["low"]], [interval["high"] - interval["mean"]]]
                 ax.errorbar(
                     [step],
@@ -283,7 +283,7 @@ def plot_curves(
                     markersize=11,
                     color=color,
                     capsize=3,
-                    label=f"{'start' if label == 'before' else 'final'}, held-out ({n} q)",
+                    label=f"{label}, held-out ({n} q)",
                 )
         ax.set_title(title)
         ax.set_xlabel("step")

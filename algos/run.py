@@ -666,13 +666,8 @@ class TrainingRun:
             evaluation = before_after(self)  # every rank scores its share of the questions
             if self.world.is_main:
                 summary["evaluation"] = evaluation
-                final_step = validation["selected_step"] if validation is not None else self.step
                 curves = plot_curves(
-                    self.metrics_path,
-                    self.run_dir / "curves.png",
-                    evaluation=evaluation,
-                    validation=validation,
-                    final_step=final_step,
+                    self.metrics_path, self.run_dir / "curves.png", evaluation=evaluation, validation=validation
                 )
                 summary["curves"] = str(curves)
                 summary["process_wall_time_s"] = time.perf_counter() - self.started

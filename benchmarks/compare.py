@@ -375,16 +375,6 @@ def _seed_curves(run_dirs: Sequence[Path], key: str) -> np.ndarray:
     return np.array([s[:n] for s in series], dtype=np.float64)  # (seeds, steps)
 
 
-def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """Per row, the mean of the last `window` logged values at every step (NaN until one is logged)."""
-    out = np.full_like(values, np.nan)
-    for j in range(values.shape[1]):
-        part = values[:, max(0, j - window + 1) : j + 1]
-        seen = np.isfinite(part).sum(axis=1)
-        out[:, j] = np.where(seen > 0, np.nansum(part, axis=1) / np.maximum(seen, 1), np.nan)
-    return out
-
-
 def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
     """Learning curves with seed bands (`CURVES`) and RED's weight factors (red_weights.png).
 
@@ -392,6 +382,8 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
     metric; the band spans the seeds' lowest to highest value at each step.
     """
     import matplotlib
+
+    from algos.evaluation import moving_average
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -407,7 +399,7 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
         fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
         for ax, (key, label) in zip(axes[0], keys, strict=True):
             for algo, dirs in run_dirs.items():
-                values = _trailing_mean(_seed_curves(dirs, key), SMOOTH_STEPS)
+                values = np.array([moving_average(seed, SMOOTH_STEPS) for seed in _seed_curves(dirs, key)])
                 seen = np.isfinite(values).all(axis=0)
                 if not seen.any():
                     continue

@@ -207,11 +207,12 @@ def test_the_curves_show_the_held_out_scores_beside_the_rollouts(tmp_path, monke
     evaluation = {"before": scores(0.0, 0.1), "after": scores(0.21, 0.97)}
     validation = {
         "questions": 50,
+        "selected_step": 10,
         "candidates": [{"step": s, "metrics": scores(f1, 1.0)["metrics"]} for s, f1 in ((12, 0.18), (10, 0.25))],
     }
     drawn = {}
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, out, **kw: drawn.setdefault("fig", fig))
-    assert plot_curves(metrics, tmp_path / "curves.png", evaluation=evaluation, validation=validation, final_step=10)
+    assert plot_curves(metrics, tmp_path / "curves.png", evaluation=evaluation, validation=validation)
 
     f1_axis = next(ax for ax in drawn["fig"].axes if ax.get_title() == "answer F1")
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in f1_axis.get_lines()}
