@@ -1,26 +1,33 @@
 """The rollout collector: GRPO groups of episodes as TensorDict batches, behind TorchRL's collector API.
 
-`RolloutCollector` subclasses TorchRL's `BaseCollector` (iterate for batches, `update_policy_weights_`,
-`set_seed`, `state_dict`/`load_state_dict`, `shutdown`), so it composes with TorchRL replay buffers and
-tooling. It does not use TorchRL's LLMCollector: that one resets finished envs mid-batch, which breaks
-batched multi-turn episodes of unequal length. Here every batch is `questions_per_batch` questions x
-`group_size` episodes each, all played to the end by one batched agent call.
+`RolloutCollector` is a TorchRL collector: it initialises TorchRL's `BaseCollector` as TorchRL's own collectors
+do, iterating it (or `next()`) yields one TensorDict batch at a time through the base class's iteration, `len()`
+counts batches from its frames (a frame here is one episode), and `update_policy_weights_` takes the forms
+TorchRL's does (a module, a state dict or TensorDict of weights, or `(name, tensor)` pairs), so its batches go
+straight into a TorchRL `ReplayBuffer.extend` and it stands where TorchRL code expects a collector. It does not
+use TorchRL's LLMCollector: that one resets finished envs mid-batch, which breaks batched multi-turn episodes of
+unequal length. Here every batch is `questions_per_batch` questions x `group_size` episodes each, all played to the
+end by one batched agent call.
 
 Data order is a seeded permutation of the question indices, reshuffled each epoch; the position in it is
 part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
 
     collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
     for batch in collector:          # TensorDict of generations (see agents.collate.collate_trajectories)
+        replay_buffer.extend(batch)  # e.g. ReplayBuffer(storage=LazyTensorStorage(...)) for equal-length batches
         ...
-        collector.update_policy_weights_()
+        collector.update_policy_weights_(policy)
+
+A trainer that needs the trajectories themselves (records, not tensors) calls `collect()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tensordict import TensorDictBase
 from torchrl.collectors import BaseCollector
 
 from agents.records import Trajectory
@@ -46,6 +53,8 @@ class RolloutCollector(BaseCollector):
         shard: ``(rank, ranks)``: play only this rank's contiguous share of each batch's questions (whole groups;
             data order, group ids and sampling seeds stay the global batch's, so the ranks together play what
             one collector with ``(0, 1)`` plays).
+        pre_collect_hook: called before each batch is played (TorchRL's collector hook).
+        post_collect_hook: called with each batch's TensorDict before it is yielded (TorchRL's collector hook).
     """
 
     def __init__(
@@ -58,11 +67,18 @@ class RolloutCollector(BaseCollector):
         indices: Sequence[int] | Callable[[int], Sequence[int]] | None = None,
         seed: int = 0,
         shard: tuple[int, int] = (0, 1),
+        *,
+        pre_collect_hook: Callable[[], None] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
     ) -> None:
         if questions_per_batch < 1 or group_size < 1:
             raise ValueError("questions_per_batch and group_size must be >= 1")
         if not 0 <= shard[0] < shard[1]:
             raise ValueError(f"shard must be (rank, ranks) with 0 <= rank < ranks, got {shard}")
+        super().__init__(pre_collect_hook=pre_collect_hook, post_collect_hook=post_collect_hook)
+        # TorchRL counts frames; a frame here is one episode of the global batch (every rank counts the same)
+        self.frames_per_batch = self.requested_frames_per_batch = questions_per_batch * group_size
+        self.total_frames = total_batches * self.frames_per_batch if total_batches >= 0 else -1
         self.shard = shard
         self.agent = agent
         self.questions_per_batch, self.group_size = questions_per_batch, group_size
@@ -117,32 +133,47 @@ class RolloutCollector(BaseCollector):
         self.last_trajectories = trajectories
         return trajectories
 
-    def iterator(self) -> Iterator[Any]:
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """Yield one collated batch (`agents.collate.collate_trajectories`) per `collect()` until `total_batches`.
+
+        Iterate the collector itself (``for batch in collector``): TorchRL's `BaseCollector.__iter__` wraps this
+        (it shuts the collector down if a batch fails).
+        """
         from agents.collate import collate_trajectories
 
         pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
         while self.total_batches < 0 or self.batches_done < self.total_batches:
-            yield collate_trajectories(self.collect(), pad_token_id=pad)
+            if self._pre_collect_hook is not None:
+                self._pre_collect_hook()
+            batch = collate_trajectories(self.collect(), pad_token_id=pad)
+            if self._post_collect_hook is not None:
+                self._post_collect_hook(batch)
+            yield batch
 
-    def __iter__(self) -> Iterator[Any]:
-        return self.iterator()
-
-    def __len__(self) -> int:
-        """Batches an iteration from the start yields (`total_batches`); BaseCollector's needs `total_frames`."""
-        if self.total_batches < 0:
-            raise RuntimeError("a collector with total_batches=-1 never ends, so it has no length")
-        return self.total_batches
-
-    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+    def update_policy_weights_(
+        self,
+        policy_or_weights: Any = None,
+        *,
+        weights: Any = None,
+        policy: Any = None,
+        **kwargs: Any,
+    ) -> None:
         """Make the agent sample from the newest weights.
 
         The transformers sampler shares the trainer's model object, so there is nothing to copy; a sampler
         with its own engine (vLLM) exposes `load_weights(named_tensors)`, which gets the trainer's weights.
+
+        Args:
+            policy_or_weights: the policy module (its state dict is sent), a state dict or TensorDict of weights,
+                or an iterable of ``(name, tensor)`` pairs.
+            weights: TorchRL's keyword form of weights.
+            policy: TorchRL's keyword form of a policy module.
+            **kwargs: TorchRL's other arguments (``worker_ids``, ``model_id``): one local agent, so unused.
         """
+        source = next((x for x in (policy_or_weights, weights, policy) if x is not None), None)
         sampler = getattr(self.agent, "sampler", None)
-        if policy_or_weights is not None and hasattr(sampler, "load_weights"):
-            weights = policy_or_weights.state_dict() if hasattr(policy_or_weights, "state_dict") else policy_or_weights
-            sampler.load_weights(dict(weights).items())
+        if source is not None and hasattr(sampler, "load_weights"):
+            sampler.load_weights(_named_tensors(source))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the data order stands (seed, epoch, position, batches done)."""
@@ -158,3 +189,15 @@ class RolloutCollector(BaseCollector):
         if close_env:
             for env in self.envs:
                 env.close()
+
+
+def _named_tensors(source: Any) -> Iterable[tuple[str, Any]]:
+    """`(name, tensor)` pairs of a module, a state dict, a TensorDict of weights (nested keys joined by ".") or
+    an iterable of pairs."""
+    if isinstance(source, TensorDictBase):
+        return source.flatten_keys(".").items()
+    if hasattr(source, "state_dict") and callable(source.state_dict):
+        return source.state_dict().items()
+    if isinstance(source, Mapping):
+        return source.items()
+    return source

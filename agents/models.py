@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -264,8 +264,9 @@ def tiny_model(
     num_layers: int = 2,
     max_context: int = 512,
     initializer_range: float = 0.2,
+    architecture: Literal["llama", "qwen2"] = "llama",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A tiny randomly initialised LlamaForCausalLM over the real SmolLM2 vocabulary, for fast tests.
+    """A tiny randomly initialised causal LM (Llama, or Qwen2) over the real SmolLM2 vocabulary, for fast tests.
 
     Args:
         tokenizer: tokenizer whose vocabulary and special tokens to use; None means `smollm2_tokenizer()`.
@@ -276,15 +277,24 @@ def tiny_model(
         initializer_range: std of the initial weights; larger than Llama's 0.02 so the next-token
             distribution is peaked and greedy decoding has clear winners (no near-ties between batched
             and unbatched numerics).
+        architecture: "llama" (SmolLM2's) or "qwen2" (Qwen2.5's: biases on the q, k and v projections, drawn
+            like the weights rather than zero as Hugging Face initialises them, so that code which drops
+            them changes the outputs). Both tie the LM head to the embedding, as SmolLM2 and the small
+            Qwen2.5 models do.
 
     Returns:
         (model in eval mode on CPU in float32, tokenizer).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    if architecture not in ("llama", "qwen2"):
+        raise ValueError(f"architecture must be 'llama' or 'qwen2', got {architecture!r}")
+    config_cls, model_cls = (
+        (LlamaConfig, LlamaForCausalLM) if architecture == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    )
     tokenizer = tokenizer if tokenizer is not None else smollm2_tokenizer()
-    config = LlamaConfig(
+    config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -300,7 +310,11 @@ def tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_cls(config)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    module.bias.normal_(0.0, initializer_range)
     fix_pad_token(model, tokenizer)
     return model.eval(), tokenizer
 

@@ -26,6 +26,13 @@ CoDA: the planner delegates the question as its first task (later tasks: a missi
 results name), each executor plays the flat policy on its task, and the planner answers from the
 <result>s it received, quoting them.
 
+Passage text is data, never protocol. The oracle reads passages only from the results of its own searches and
+the <result> of a task only when the env hands control back to the planner, so tags inside a passage
+(``</information>``, ``<result>..</result>``, ``<answer>..</answer>``, ...) neither end a block nor forge a result;
+what it quotes of a passage has every protocol tag removed (`as_data`: the words between stay), so a quote cannot
+open a tool call or an env block in the demonstration; and the planner's turns hold only its tasks, the executors'
+answers and the gold answer, never a passage (it never sees one).
+
 Every action goes through the real env and retriever, and the episode is recorded in exactly the token
 layout of the LLM agents (`Generation`s with the model's turns masked 1), so it is SFT data as it stands.
 
@@ -48,13 +55,25 @@ import numpy as np
 from agents.records import Completion, SamplingParams, Trajectory
 from agents.search_agents import ContextAgent, _Slot
 from envs.data import QAExample
+from envs.protocol import ENV_TAGS, MODEL_TAGS
 from envs.rewards import is_yes_no, normalize_answer
 
-_DOC = re.compile(r'Doc \d+ ?\(Title: "(.*?)"\) (.*)')
-"""One passage of an observation, to the end of its line (the first one starts after ``<information>``), in either
+_DOC = re.compile(r'^Doc \d+ ?\(Title: "(.*?)"\) (.*)', re.MULTILINE)
+"""One passage of a results block (the text inside ``<information>``), from the start of a line to its end, in either
 observation format: ours (``Doc 1 (Title: "..") text``) or Search-R1's (``Doc 1(Title: "..") text``: the title as the
 corpus line has it, quoted in the bundled corpus and in Search-R1's)."""
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+_PROTOCOL_TAG = re.compile(r"</?\s*(?:" + "|".join(MODEL_TAGS + ENV_TAGS) + r")\s*>", re.IGNORECASE)
+"""A protocol tag as the env's parser reads one (any case, spaces before the ">"), and with spaces after the "<" too."""
+
+
+def as_data(text: str) -> str:
+    """`text` with every protocol tag removed and its spaces collapsed: passage text safe to quote in an action.
+
+    Removing (rather than escaping) keeps the quote's words as the model read them, and leaves nothing that the
+    env's parser, or a model trained on the quote, could take for a tool call or an env block.
+    """
+    return " ".join(_PROTOCOL_TAG.sub(" ", text).split())
 
 
 @dataclass
@@ -175,17 +194,20 @@ class OracleAgent(ContextAgent):
 
     def _apply(self, slot: _Slot, completion: Completion) -> None:
         plan = self._plan(slot)
+        acting = slot.context.role
         super()._apply(slot, completion)
         if slot.done:
             slot.info = {**slot.info, "oracle_grounded": plan.grounded and plan.copyable_queries}
             return
-        for title, text in (m.groups() for m in _DOC.finditer(slot.last_obs)):  # Doc 1 follows <information>
-            plan.shown.setdefault(title, text.replace("</information>", ""))
-        if "<result>" in slot.last_obs:
+        if acting == "executor" and slot.context.role == "planner":  # the task ended: the env's <result> block
             planner = self._plans[(id(slot), "planner")]
-            planner.results.append(slot.last_obs.split("<result>", 1)[1].split("</result>", 1)[0].strip())
+            obs = slot.last_obs.strip()
+            planner.results.append(obs.removeprefix("<result>").removesuffix("</result>").strip())
             planner.copyable_queries &= plan.copyable_queries and plan.grounded  # a grounded episode: every task too
             self._plans.pop((id(slot), "searcher"), None)  # the next task starts a fresh executor plan
+        elif acting != "planner" and "<search>" in completion.text:  # the results of the oracle's own search
+            for title, text in _shown_passages(slot.last_obs):
+                plan.shown.setdefault(title, text)
 
     # -- the policy -------------------------------------------------------------------------------------
     def _next_action(self, slot: _Slot, plan: _Plan) -> str:
@@ -238,7 +260,7 @@ class OracleAgent(ContextAgent):
         restated = f"<think>{question.strip()}</think>\n" if self.restate_question else ""
         if self.quote_words == 0:
             return f"{restated}<answer>{answer}</answer>"
-        return f"{restated}<refine>{evidence}</refine>\n<answer>{answer}</answer>"
+        return f"{restated}<refine>{as_data(evidence) or 'I found nothing.'}</refine>\n<answer>{answer}</answer>"
 
     def _evidence(self, plan: _Plan, example: QAExample) -> str | None:
         """The quote the answer is read from, or None while the shown passages do not hold it."""
@@ -254,6 +276,18 @@ class OracleAgent(ContextAgent):
                 if quote is not None:
                     return quote
         return None
+
+
+def _shown_passages(obs: str) -> list[tuple[str, str]]:
+    """(title, text as shown) of each passage of a search's results, in either observation format.
+
+    Only the block between the first ``<information>`` and the last ``</information>`` is read (a question line may
+    follow it), and a passage runs to the end of its line, so its own tags, ``</information>`` included, stay text.
+    """
+    start, end = obs.find("<information>"), obs.rfind("</information>")
+    if start < 0 or end < start:
+        return []
+    return [m.groups() for m in _DOC.finditer(obs[start + len("<information>") : end])]
 
 
 def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from agents.records import Completion, Generation, SamplingParams, Trajectory
 from agents.samplers import Sampler, encode_chat, overflow
+from envs.batching import prefetch_searches
 
 STOP = ("</search>", "</answer>", "</task>")
 """A tool call ends a turn: sampling stops right after its closing tag."""
@@ -176,8 +177,14 @@ class ContextAgent:
         ]
 
     def _turn(self, live: list[_Slot], seed: int | None) -> None:
-        """One turn of every live episode: sample an action per context, then step its env."""
-        for slot, completion in zip(live, self._act(live, seed), strict=True):
+        """One turn of every live episode: sample an action per context, then step its env.
+
+        The turn's searches go to each shared retriever as one batch first (`envs.batching.prefetch_searches`),
+        so the envs' own searches are answered from its cache: one request per turn to a retrieval server.
+        """
+        completions = self._act(live, seed)
+        prefetch_searches([slot.env for slot in live], [completion.text for completion in completions])
+        for slot, completion in zip(live, completions, strict=True):
             self._apply(slot, completion)
 
     def _act(self, live: list[_Slot], seed: int | None) -> list[Completion]:

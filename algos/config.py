@@ -64,6 +64,10 @@ class Config:
     """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
     max_train_minutes: float | None = None
     """Training-time budget: no step starts that would end past it (estimated from the last step); None: off."""
+    dist_timeout_seconds: float = 1800.0
+    """Under torchrun: how long a collective waits for the other ranks (one stopped or hung) before the run stops."""
+    push_to_hub: str | None = None
+    """A Hugging Face Hub repo (user/name) to upload final/ to at the end: weights, tokenizer, model card, config."""
 
     # --- model -------------------------------------------------------------------------------------------
     model: str | None = None
@@ -73,8 +77,8 @@ class Config:
     bf16: bool | None = None
     """bfloat16 autocast for every forward pass (weights and optimizer stay float32); None means on with CUDA."""
     torch_threads: int | None = None
-    """CPU threads for torch; None: every core when the machine is idle at start, fewer under load (one
-    thread per process beats several when cores are contended)."""
+    """CPU threads for torch; None: the cores other processes leave idle, sampled at start and decided again between
+    steps from their average load (one thread per process beats several when cores are contended)."""
     lora: bool = False
     """Train a LoRA adapter (peft) instead of every weight."""
     lora_rank: int = 16
@@ -85,6 +89,17 @@ class Config:
     """Dropout on the LoRA branch."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Module names that get a LoRA adapter."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the policy's weights, gradients and AdamW state: float32 (master weights; bf16 compute comes from
+    --bf16 autocast), or bfloat16 (half the memory of each; updates smaller than bfloat16's resolution of a weight,
+    about 0.4% of it, are lost, so keep lr well above 1e-6 or use float32 master weights for long runs)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (non-reentrant
+    checkpointing): activation memory falls from every layer's to one layer's plus each layer's input, for about one
+    extra forward pass of compute."""
+    memory_check: bool = True
+    """Print the run's memory estimate per device at start (weights, gradients, optimizer state, activations, KV
+    cache) and refuse, in one line, a run whose estimate exceeds the device's memory."""
     fsdp: bool = False
     """Under torchrun: shard the policy's weights, gradients and AdamW state over the ranks (FSDP2, one unit per
     decoder layer) instead of a full copy per rank (DDP), for models whose training state does not fit one device;
@@ -154,11 +169,21 @@ class Config:
     """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
     sampler_batch_size: int = 64
     """Rows per sampler forward pass."""
+    sampler: Literal["hf", "vllm", "openai"] = "hf"
+    """What samples the rollouts: hf (the training model itself through transformers, `agents.samplers.hf`), vllm (a
+    vLLM engine in this process on the same GPU, which receives the policy's weights after updates, see
+    sync_weights_every), or openai (an OpenAI-compatible server: evaluation only, since trained weights cannot reach
+    it; `python -m benchmarks.evaluate --sampler openai`)."""
+    sync_weights_every: int = 1
+    """vllm: push the policy's weights to the engine after every N updates (between pushes it samples from weights
+    up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """vllm: share of the GPU's memory the engine may take (weights and KV cache); the rest is the trainer's."""
     sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
-    graph replay per step over static key/value buffers; GPU, Llama-architecture models such as SmolLM2), static
-    (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster there; else
-    dynamic, as on a GPU). See agents/samplers/hf.py."""
+    graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding
+    window), static (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster
+    there; else dynamic, as on a GPU). See agents/samplers/hf.py."""
 
     # --- optimisation ------------------------------------------------------------------------------------
     lr: float = 1e-6
@@ -198,7 +223,7 @@ class Config:
     advantage_std_scale: bool = True
     """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO)."""
     old_logp: Literal["auto", "sampler", "recompute"] = "auto"
-    """Old log-probs: the sampler's, or recomputed with the training model; auto recomputes under bf16."""
+    """Old log-probs: the sampler's, or recomputed with the training model; auto recomputes under bf16 and with vllm."""
     kl_coef: float = 0.0
     """Coefficient of the KL penalty to the frozen initial model (0: off, no reference model kept)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -274,7 +299,24 @@ class Config:
         Raises:
             ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
         """
+        check_finite(self)
         check_rules(self, _RULES)
+        from envs import ENV_IDS
+        from envs.rag_env import RETRIEVER_KINDS
+
+        if self.retriever not in RETRIEVER_KINDS and not self.retriever.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--retriever must be one of {', '.join(RETRIEVER_KINDS)} or a retrieval server's URL "
+                f"(http://host:port), got {self.retriever!r}"
+            )
+        if self.env_id in ENV_IDS:  # the QA envs, whose first messages are the protocol's instructions
+            words = _instruction_words(self.protocol, self.instructions)
+            if self.max_context_tokens < words + self.max_new_tokens:
+                raise ValueError(
+                    f"--max-context-tokens must be at least {words + self.max_new_tokens} (the {self.instructions} "
+                    f"instructions and a one-word question are at least {words} tokens, plus --max-new-tokens "
+                    f"{self.max_new_tokens} for a turn), got {self.max_context_tokens}"
+                )
         if self.algo in ("grpo", "grpo_sft", "red_grpo") and self.group_size < 2:
             raise ValueError(
                 f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
@@ -310,6 +352,18 @@ class Config:
                 "--fsdp with --no-context-grad: not supported (its two passes through the sharded decoder are not "
                 "tested under FSDP2); add --context-grad"
             )
+        if self.sampler == "openai":
+            raise ValueError(
+                "--sampler openai cannot receive the trained weights, so it cannot train: train with --sampler hf or "
+                "vllm; evaluate a served model with `python -m benchmarks.evaluate --sampler openai --sampler-url URL`"
+            )
+        if self.sampler == "vllm" and self.old_logp == "sampler":
+            raise ValueError(
+                "--old-logp sampler with --sampler vllm: the engine's log-probs come from other kernels (and, between "
+                "weight pushes, older weights) than the trainer's; use --old-logp auto or recompute"
+            )
+        if self.sampler == "vllm" and self.model == "tiny":
+            raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")
         if self.fsdp and self.lora:
             raise ValueError(
                 "--fsdp with --lora: not supported (the final model's LoRA merge needs the whole model on one "
@@ -406,7 +460,7 @@ class Config:
     @property
     def recompute_old_logp(self) -> bool:
         """Whether old log-probs are recomputed by the training model rather than taken from the sampler."""
-        return self.old_logp == "recompute" or (self.old_logp == "auto" and self.use_bf16)
+        return self.old_logp == "recompute" or (self.old_logp == "auto" and (self.use_bf16 or self.sampler != "hf"))
 
 
 PRESETS: dict[str, dict[str, object]] = {
@@ -502,7 +556,11 @@ def parse_config(
     config_cls: type[Config] = Config,
     **defaults: object,
 ) -> Config:
-    """Parse a command line into a `Config`: the preset first (``--preset``), then every other flag.
+    """Parse a command line into a `Config`: the preset first, then a ``--config FILE``'s values, then every flag.
+
+    The preset is ``--preset``'s, else the config file's, else ``gpu`` with CUDA and ``cpu`` without (printed, as
+    the recipes differ). ``--config`` takes a YAML or JSON mapping of field names to values (`load_config_file`),
+    such as a run's saved ``redcoda_config.json``.
 
     Args:
         argv: Arguments without the program name; None reads sys.argv.
@@ -523,10 +581,14 @@ def parse_config(
     import tyro
 
     args = list(sys.argv[1:] if argv is None else argv)
+    args, from_file = _config_file_values(args, config_cls)
+    preset = _chosen_preset(args, from_file)
     token = _VALIDATE.set(False)
     try:
-        base = preset_config(argv_preset(args), config_cls, algo=algo, **defaults)  # checked with the flags, below
-        config = tyro.cli(config_cls, default=base, args=args, description=description)
+        values = {"algo": algo, **defaults, **{k: v for k, v in from_file.items() if k != "preset"}}
+        base = preset_config(preset, config_cls, **values)  # checked with the flags, below
+        usage = "--config FILE: a YAML or JSON file of these settings, applied after the preset, before the flags."
+        config = tyro.cli(config_cls, default=base, args=args, description=f"{description or ''}\n\n{usage}".strip())
     finally:
         _VALIDATE.reset(token)
     try:
@@ -535,6 +597,63 @@ def parse_config(
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     return config
+
+
+def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Config) -> dict[str, object]:
+    """Field values from a YAML or JSON file (a mapping of field name to value; a run's redcoda_config.json is one).
+
+    Lists become tuples (JSON has no tuples), so a saved config reads back as the values it was saved from.
+
+    Raises:
+        ValueError: the file is not a mapping, or names something that is not a field of `config_cls`.
+    """
+    import json
+
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".json"):
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text)  # YAML is a superset of JSON: any other name reads either
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: a config file is a mapping of field names to values, got {type(values).__name__}")
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{path}: not a setting of {config_cls.__name__}: {', '.join(unknown)}")
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+
+
+def _config_file_values(args: list[str], config_cls: type[Config]) -> tuple[list[str], dict[str, object]]:
+    """`args` without ``--config FILE``, and the file's field values (none without the flag)."""
+    import sys
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    known, rest = pre.parse_known_args(args)
+    if known.config is None:
+        return args, {}
+    try:
+        return rest, load_config_file(known.config, config_cls)
+    except (OSError, ValueError) as err:
+        print(f"error: --config: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _chosen_preset(args: Sequence[str], from_file: dict[str, object]) -> PresetName:
+    """The preset of ``--preset``, else of the config file, else by hardware; says which when hardware chose it."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    named = pre.parse_known_args(list(args))[0].preset or from_file.get("preset")
+    if named is not None:
+        return named  # type: ignore[return-value]
+    preset = default_preset()
+    if int(os.environ.get("RANK", "0")) == 0 and not {"-h", "--help"} & set(args):
+        # The same command trains a different recipe on a machine with CUDA: say so before any work starts.
+        why = "a CUDA device is available" if preset == "gpu" else "no CUDA device"
+        print(f"preset {preset}: {why}; pass --preset to choose", flush=True)
+    return preset
 
 
 _VALIDATE: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)
@@ -547,6 +666,31 @@ def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bo
         value = getattr(config, name)
         if value is not None and not ok(value):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
+
+
+def check_finite(config: object) -> None:
+    """Raise ValueError naming the first float field of `config` (or float in a tuple field) that is inf or nan.
+
+    No setting is meaningful at infinity (a budget or a limit that is off is None or 0), and inf or nan in a
+    coefficient, rate or bound turns the run's losses or weights into nan a step later.
+    """
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"--{spec.name.replace('_', '-')} must be a finite number, got {value!r}")
+
+
+def _instruction_words(protocol: str, style: str) -> int:
+    """Words of the longest first message (instructions and a one-word question) of the protocol's roles.
+
+    A lower bound of its tokens under the tokenizers of these models: their pre-tokenizers split text at spaces,
+    so no token spans two words.
+    """
+    from envs.protocol import INSTRUCTION_STYLES, user_message
+
+    roles = ("planner", "executor") if protocol == "coda" else ("agent",)
+    return max(len(INSTRUCTION_STYLES[style][role].split()) + len(user_message(role, "?").split()) for role in roles)
 
 
 def positive(value: float) -> bool:
@@ -568,6 +712,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("steps", at_least(1), ">= 1"),
     ("torch_threads", at_least(1), ">= 1"),
     ("lora_rank", at_least(1), ">= 1"),
+    ("lora_alpha", positive, "> 0 (the adapter's output is scaled by alpha / rank)"),
     ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("top_k", at_least(1), ">= 1"),
     ("max_passage_words", at_least(1), ">= 1"),
@@ -580,6 +725,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("questions_per_step", at_least(1), ">= 1"),
     ("tie_probe_questions", at_least(1), ">= 1"),
     ("max_train_minutes", positive, "> 0"),
+    ("dist_timeout_seconds", positive, "> 0"),
     ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
     ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
     ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
@@ -591,8 +737,11 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("max_context_tokens", at_least(1), ">= 1"),
     ("sampler_batch_size", at_least(1), ">= 1"),
+    ("sync_weights_every", at_least(1), ">= 1"),
+    ("vllm_gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
     ("lr", positive, "> 0"),
     ("weight_decay", at_least(0), ">= 0"),
+    ("adam_betas", lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
     ("grad_clip", at_least(0), ">= 0 (0 disables clipping)"),
     ("micro_batch_tokens", at_least(1), ">= 1"),
     ("update_epochs", at_least(1), ">= 1"),

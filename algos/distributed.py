@@ -30,7 +30,9 @@ What each rank does in one step, and why the result equals one process's step on
   so is the clock of a training-time budget (`algos.run.TrainingRun.steps`): every rank stops after the same
   step.
 - Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
-  (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes).
+  (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes). A
+  checkpoint holds every rank's RNG states, which part once anything draws from them per rank (dropout over a
+  rank's own micro-batches); under ``--fsdp`` each rank writes its own shards and RNG states into it.
 - Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).
 
 With ``--fsdp`` the policy is sharded instead of replicated (`wrap_fsdp`: FSDP2's ``fully_shard`` on every decoder
@@ -51,9 +53,13 @@ Each rank holds 1/N of the weights, gradients and AdamW state; what changes in t
   inside those hooks (`as_forward`).
 - Gradient clipping uses the global norm (`clip_grad_norm_`: the norm of the sharded gradients, all-reduced, and
   that of the tensors outside the policy).
-- Checkpoints and the final model hold the full, unsharded state (`full_state_dict`, `full_optimizer_state`),
-  in the same layout as one process's, written by rank 0; resuming shards it again (`load_full_state_dict`,
-  `shard_optimizer_state`). A checkpoint therefore resumes with any number of ranks, with or without ``--fsdp``.
+- Checkpoints are sharded: each rank hands torch.distributed.checkpoint its own shards of the weights, the AdamW
+  state and the weight average (`sharded_model_state`, `sharded_optimizer_state`) and writes them
+  (`algos.checkpoint.save_sharded_checkpoint`); loading reads each rank's part of whatever number of shards was
+  written (`load_sharded_model_state`, `load_sharded_optimizer_state`). A whole-tensor checkpoint (one process, DDP)
+  resumes under ``--fsdp`` too, each rank keeping its shard of the whole tensors (`load_full_state_dict`,
+  `shard_optimizer_state`), and a sharded one resumes in one process or under DDP. The final model holds the
+  whole weights, gathered once (`full_state_dict`) and written by rank 0.
 - The frozen reference model (``--kl-coef`` > 0) stays a full copy on every rank (no gradients or optimizer
   state, and it runs once per micro-batch, so its forward passes need no matching).
 """
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -78,18 +85,21 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "clip_grad_norm_",
-    "full_optimizer_state",
     "full_state_dict",
     "gather_episodes",
     "gather_objects",
     "gathered",
     "init",
     "load_full_state_dict",
+    "load_sharded_model_state",
+    "load_sharded_optimizer_state",
     "main_first",
     "matched_passes",
     "mean_over_ranks",
     "shard",
     "shard_optimizer_state",
+    "sharded_model_state",
+    "sharded_optimizer_state",
     "shutdown",
     "sum_gradients",
     "sum_over_ranks",
@@ -127,13 +137,18 @@ class World:
         return self.size > 1
 
 
-def init(device: str) -> tuple[World, torch.device]:
+def init(device: str, timeout_seconds: float | None = None) -> tuple[World, torch.device]:
     """Join the process group that ``torchrun`` describes in the environment (no-op for one process).
 
-    gloo on CPU, NCCL on CUDA (each rank on GPU ``LOCAL_RANK``).
+    gloo on CPU, NCCL on CUDA (each rank on GPU ``LOCAL_RANK``). `timeout_seconds` bounds every collective: a
+    rank that waits longer than that for the others (one stopped, hung or dead) gets an error instead of waiting
+    on. gloo raises it in the waiting call; NCCL's watchdog ends the process (its asynchronous error handling,
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, is on by default; set to 0 it would leave the timeout unenforced).
 
     Args:
         device: the configured device ("cpu", "cuda", "cuda:0", ...).
+        timeout_seconds: how long a collective may wait for the other ranks; None: PyTorch's default (10 minutes
+            for NCCL, 30 for gloo).
 
     Returns:
         The world and this rank's device.
@@ -147,7 +162,8 @@ def init(device: str) -> tuple[World, torch.device]:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         global _created
-        dist.init_process_group("nccl" if cuda else "gloo")
+        timeout = None if timeout_seconds is None else datetime.timedelta(seconds=timeout_seconds)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         _created = True
     world = World(dist.get_rank(), dist.get_world_size(), local_rank)
     return world, torch.device("cuda", local_rank) if cuda else torch.device(device)
@@ -507,30 +523,8 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor])
     return unexpected
 
 
-def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with every sharded (DTensor) state tensor made whole, on the CPU.
-
-    The layout stays torch's own (state by parameter index, the parameter groups), so a checkpoint is the same file
-    whether one process, DDP or FSDP2 wrote it. A collective when the optimizer holds DTensors: every rank calls it
-    in the same order, and only rank 0's copy is whole (the others' hold no tensors).
-    """
-    state = optimizer.state_dict()
-    if not any(_is_dtensor(v) for s in state["state"].values() for v in s.values()):
-        return state
-    keep = not _active() or dist.get_rank() == 0
-    out: dict[int, dict[str, Any]] = {}
-    for index, values in state["state"].items():
-        out[index] = {}
-        for key, value in values.items():
-            if _is_dtensor(value):
-                whole = value.full_tensor()  # an all-gather: every rank takes part
-                value = whole.cpu() if keep else None
-            out[index][key] = value
-    return {"state": out, "param_groups": state["param_groups"]}
-
-
 def shard_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
-    """A whole optimizer state dict (`full_optimizer_state`, present on every rank) made ready for
+    """A whole optimizer state dict (``optimizer.state_dict()`` of one process, present on every rank) made ready for
     ``optimizer.load_state_dict`` over sharded parameters: each state tensor shaped like its DTensor parameter
     becomes this rank's shard of it (no communication: every rank holds the whole tensor); the rest is unchanged."""
     from torch.distributed.tensor import distribute_tensor
@@ -547,6 +541,60 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any
                 )
             out[index][key] = value
     return {"state": out, "param_groups": state["param_groups"]}
+
+
+def sharded_model_state(model: torch.nn.Module, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors `names` of `model`'s state dict as this rank holds them, for torch.distributed.checkpoint to save
+    or to load into in place: its DTensor shards under `wrap_fsdp`, the module's own whole tensors otherwise.
+
+    No communication. Tied weights come once, under the name `names` gives them.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model)
+    return {name: state[name] for name in names}
+
+
+def load_sharded_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a `sharded_model_state` (filled from a checkpoint) into `model`; the names it lacks stay as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+
+
+def _optimized_module(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    """A module naming every parameter of `optimizer`: `model` as ``policy``, the optimizer's parameters outside it
+    (a value head, a critic) as ``others.<i>`` in the optimizer's order. torch's state-dict functions key the optimizer
+    state by these names (FQNs) and need a module that holds every parameter."""
+    inside = {id(p) for p in model.parameters()}
+    holder = torch.nn.Module()
+    holder.policy = model
+    holder.others = torch.nn.ParameterList(
+        [p for group in optimizer.param_groups for p in group["params"] if id(p) not in inside]
+    )
+    return holder
+
+
+def sharded_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer`'s state dict keyed by parameter name (``policy.<name>``, ``others.<i>``; see `_optimized_module`),
+    its state tensors as this rank holds them (DTensor shards under `wrap_fsdp`): what torch.distributed.checkpoint
+    saves, and loads into in place for `load_sharded_optimizer_state`.
+
+    No communication. An optimizer that has not stepped yet gets its state made first (one step of zero gradients
+    at lr 0, torch's own way, which leaves the weights exactly as they are), so that there is something to load into.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(_optimized_module(model, optimizer), optimizer)
+
+
+def load_sharded_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a `sharded_optimizer_state` (its tensors filled from a checkpoint, its parameter groups the saved ones)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(_optimized_module(model, optimizer), optimizer, state)
 
 
 def _no_buffer_sync() -> dict[str, bool]:

@@ -318,12 +318,16 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
     """
     import time
 
+    from algos import distributed
     from algos.checkpoint import complete_checkpoints
 
     start = time.perf_counter()
     config = trainer.config
     questions = list(trainer.validation_indices)
-    paths = complete_checkpoints(trainer.checkpoint_dir)[::-1]  # newest first: the policy's weights now
+    # newest first: the policy's weights now; verified by rank 0 alone (every file hashed once), the same list on all
+    paths = distributed.broadcast_object(
+        complete_checkpoints(trainer.checkpoint_dir)[::-1] if trainer.world.is_main else None
+    )
     candidates = []
     for i, (step, path) in enumerate(paths):
         if i > 0:

@@ -16,11 +16,12 @@ needs around it:
   starting model scored on held-out questions (`algos.evaluation.before_after`), the summary table;
 - data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
   questions, the policy in DDP (`sync_gradients`) or sharded by FSDP2 (``--fsdp``: `full_weights` around sampling,
-  `matched_passes` around the micro-batches, whole state gathered for checkpoints), rank 0 alone writing files
+  `matched_passes` around the micro-batches, each rank writing its own checkpoint shards), rank 0 alone writing files
   (``self.world.is_main``).
 
 `main` is the entry points' shared body: parse the command line, train, and print a fault as one line
-(exit status 1, or 2 for settings and data files that cannot be used).
+(exit status 1; 2 for settings, data files, a run directory in use and a model that does not fit; 143 or 130
+after SIGTERM or SIGINT, once the step under way is checkpointed, with the command that resumes).
 """
 
 from __future__ import annotations
@@ -47,13 +48,32 @@ import torch
 
 from agents.records import Completion, SamplingParams
 from agents.samplers import SamplerWrapper
-from algos import distributed
+from algos import distributed, outputs, run_control
 from algos.batch import masked_head_matches
-from algos.checkpoint import damaged_checkpoints, find_latest, load_checkpoint, save_checkpoint, write_text_atomic
+from algos.checkpoint import (
+    CheckpointWriteError,
+    checkpoint_problem,
+    damaged_checkpoints,
+    find_latest,
+    is_sharded,
+    load_checkpoint,
+    load_sharded_tensors,
+    read_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    save_sharded_checkpoint,
+    sharded_keys,
+    write_text_atomic,
+    writing,
+)
 from algos.config import AlgoName, Config, parse_config
+from algos.logs import quiet_http_logs
+from algos.memory import DoesNotFit
 from algos.sft_data import load_demonstrations
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from envs.data import DataError
+from retrievers.corpus import CorpusError
 
 logger = logging.getLogger(__name__)
 
@@ -129,17 +149,21 @@ class TrainingRun:
 
         import envs  # noqa: F401  (registers the env ids)
         from agents.collector import RolloutCollector
-        from agents.samplers.hf import HFSampler
+        from agents.samplers.factory import make_sampler
         from agents.search_agents import CodaAgent, ContextAgent, SearchR1Agent
 
         self.config = config
         self.started = time.perf_counter()  # the summary's process wall time counts from here
-        torch.set_num_threads(cpu_threads(config.torch_threads))
+        self.threads = run_control.TorchThreads(config.torch_threads)  # logged; re-checked between steps
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         # --- data parallel (algos.distributed): this rank's place and device -------------------------------
-        self.world, self.device = distributed.init(config.torch_device)
+        self.world, self.device = distributed.init(config.torch_device, config.dist_timeout_seconds)
+        # before anything in the run directory is read or written; rank 0 holds it for every rank
+        self.run_lock = (
+            run_control.lock_run_dir(config.output_dir, resume=config.resume) if self.world.is_main else None
+        )
         self.run_dir = config.output_dir
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -170,14 +194,20 @@ class TrainingRun:
         max_context = min(
             config.max_context_tokens, int(getattr(self.policy.config, "max_position_embeddings", 1 << 30))
         )
+        if config.memory_check:
+            self.check_memory()
         self.sampler = TimedSampler(
-            HFSampler(
-                self.policy,
-                self.tokenizer,
+            make_sampler(
+                config.sampler,
+                model=self.policy,
+                tokenizer=self.tokenizer,
+                source=self.model_source(),
                 max_context=max_context,
                 max_batch_size=config.sampler_batch_size,
                 seed=config.seed,
                 decode=config.sampler_decode,
+                dtype="bfloat16" if config.use_bf16 or config.param_dtype == "bfloat16" else "float32",
+                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             )
         )
         params = SamplingParams(
@@ -253,16 +283,61 @@ class TrainingRun:
         self._wandb = self._init_wandb() if config.wandb and self.world.is_main else None
         for row in restored:  # checkpointed rows a killed process never logged
             self._log_wandb(row)
+        self.push_weights(force=True)  # a sampler with its own copy starts from these weights (resumed ones too)
 
     def build_model(self) -> tuple[torch.nn.Module, Any]:
         """The run's starting model and tokenizer, on the training device (also the 'before' of the evaluation)."""
         from agents.models import load_model, tiny_model
 
+        dtype = getattr(torch, self.config.param_dtype)  # float32 master weights unless --param-dtype bfloat16
         if self.config.model == "tiny":
             model, tokenizer = tiny_model(seed=self.config.seed, max_context=self.config.max_context_tokens)
-            return model.to(self.device), tokenizer
-        # float32 master weights; bf16 (when on) comes from autocast around each forward pass
-        return load_model(self.config.model, dtype=torch.float32, device=self.device)
+            model = model.to(self.device, dtype)
+        else:  # bf16 compute over float32 weights (--bf16) comes from autocast around each forward pass
+            model, tokenizer = load_model(self.config.model, dtype=dtype, device=self.device)
+        if self.config.gradient_checkpointing:
+            # non-reentrant: works under autocast, FSDP2 and with inputs that need no gradient (frozen embeddings)
+            if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model, tokenizer
+
+    def model_source(self) -> str | None:
+        """Where a sampler with its own engine (vLLM) builds the model from: the run's directory or hub id."""
+        from agents.models import DEFAULT_MODEL, ensure_smollm2_cache
+
+        if self.config.model is None or str(self.config.model).lower() == DEFAULT_MODEL:
+            return str(ensure_smollm2_cache())
+        return None if self.config.model == "tiny" else str(self.config.model)
+
+    def check_memory(self) -> None:
+        """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.memory`)."""
+        from algos import memory
+
+        trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
+        shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
+        found = memory.estimate(self.config, shape, ranks=self.world.size, trainable=trainable)
+        capacity = memory.device_memory(str(self.device))
+        if self.world.is_main:
+            logger.info("memory estimate: %s; the device has %.1f GiB", found.describe(), capacity / memory.GIB)
+        memory.check(found, capacity)
+
+    def push_weights(self, *, force: bool = False) -> None:
+        """Hand the policy's current weights to a sampler that keeps its own copy (vLLM), after every
+        ``sync_weights_every`` updates or when `force`d; nothing for the transformers sampler, which samples from the
+        policy itself.
+
+        Under ``--fsdp`` every rank calls this at the same step: the whole weights are gathered once (a collective)
+        and each rank's engine gets them. A LoRA policy's adapter is merged into the weights for the push and taken
+        out again, so the engine sees plain Hugging Face weight names.
+        """
+        if not hasattr(self.sampler, "load_weights"):
+            return
+        if not force and self.step % self.config.sync_weights_every:
+            return
+        with self.full_weights(), _merged_lora(self.peft_model):
+            self.collector.update_policy_weights_(list(_engine_weights(self.policy)))
 
     def sync_gradients(self) -> None:
         """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`).
@@ -313,8 +388,11 @@ class TrainingRun:
             FileExistsError: a new run (no ``--resume``) in a directory that holds checkpoints.
             TrainingStopped: ``--resume`` with no usable checkpoint (none, or all damaged: each is named).
         """
-        latest = find_latest(self.checkpoint_dir)
-        damaged = damaged_checkpoints(self.checkpoint_dir) if latest is None else {}
+        latest, damaged = None, {}
+        if self.world.is_main:  # every file hashed once, not once per rank; the ranks then agree on the answer
+            latest = find_latest(self.checkpoint_dir)
+            damaged = damaged_checkpoints(self.checkpoint_dir) if latest is None else {}
+        latest, damaged = distributed.broadcast_object((latest, damaged))
         if not self.config.resume:
             if latest is not None or damaged:
                 raise FileExistsError(
@@ -333,26 +411,25 @@ class TrainingRun:
                 f"--resume: no checkpoint in {self.checkpoint_dir} to resume from; "
                 "drop --resume to start a new run (or check --run-dir)"
             )
+        saved = read_state(latest).get("config", {})
+        if "lora" in saved and bool(saved["lora"]) != self.config.lora:  # its weights would not fit the policy
+            trained = {True: "a LoRA adapter (--lora)", False: "every weight (no --lora)"}
+            raise DataError(
+                f"--resume: {latest} trained {trained[bool(saved['lora'])]}, this run {trained[self.config.lora]}: "
+                "resume with the checkpoint's setting, or start a new run in another --run-dir"
+            )
         return latest
 
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``).
 
-        Rank 0 writes; under ``--fsdp`` every rank must call this, as the whole weights and optimizer state are
-        gathered from the shards (the checkpoint is the same as one process's). Returns the checkpoint's directory
+        Every rank must call this. One process and DDP: rank 0 writes the whole tensors, with every rank's RNG states
+        (gathered). ``--fsdp``: every rank writes its own shards (`_save_sharded`). Returns the checkpoint's directory
         (None on the other ranks).
         """
         names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
+        rng = None if self.fsdp else distributed.gather_objects(rng_state())  # under --fsdp each rank writes its own
         if not self.world.is_main and not self.fsdp:
-            return None
-        weights = distributed.full_state_dict(self.policy, names)  # under --fsdp a collective
-        if self.average is not None:
-            weights = {name: t.detach().clone() for name, t in weights.items()}  # one process: the live tensors
-            with self.averaged_weights():
-                average = distributed.full_state_dict(self.policy, names)  # likewise
-                weights.update({_AVERAGE_PREFIX + name: t.detach().clone() for name, t in average.items()})
-        optimizer = distributed.full_optimizer_state(self.optimizer)  # likewise
-        if not self.world.is_main:
             return None
         state = {
             "config": dataclasses.asdict(self.config),
@@ -363,20 +440,51 @@ class TrainingRun:
             "ranks": self.world.size,
         }
         learner_tensors, learner_state = self.learner_state_dict()
-        weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
         if learner_state:
             state["learner"] = learner_state
         state["metrics"] = self._unsaved_metrics  # durable with the checkpoint, whatever happens to metrics.jsonl
-        path = save_checkpoint(
+        if self.fsdp:
+            path = self._save_sharded(names, state, learner_tensors)
+        else:
+            weights = distributed.full_state_dict(self.policy, names)
+            if self.average is not None:
+                weights = {name: t.detach().clone() for name, t in weights.items()}  # the live tensors
+                with self.averaged_weights():
+                    average = distributed.full_state_dict(self.policy, names)
+                    weights.update({_AVERAGE_PREFIX + name: t.detach().clone() for name, t in average.items()})
+            weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
+            path = save_checkpoint(
+                self.checkpoint_dir,
+                self.step,
+                weights=weights,
+                optimizer=self.optimizer.state_dict(),
+                state=state,
+                keep=self.config.keep_checkpoints,
+                rng=rng,
+            )
+        self._unsaved_metrics = []
+        return path if self.world.is_main else None
+
+    def _save_sharded(self, names: list[str], state: dict[str, Any], learner_tensors: dict[str, torch.Tensor]) -> Path:
+        """``--fsdp``: every rank writes its own shards of the weights, the AdamW state and the weight average with
+        torch.distributed.checkpoint, and its RNG states; rank 0 the JSON `state`, with the optimizer's parameter
+        groups (`algos.checkpoint.save_sharded_checkpoint`). Nothing is gathered."""
+        optimizer = distributed.sharded_optimizer_state(self.policy, self.optimizer)
+        tensors: dict[str, Any] = {
+            "model": distributed.sharded_model_state(self.policy, names),
+            "optimizer": optimizer["state"],
+        }
+        if self.average is not None:
+            tensors["average"] = dict(zip(names, self.average, strict=True))
+        if learner_tensors:  # replicated on every rank: written once
+            tensors["learner"] = dict(learner_tensors)
+        return save_sharded_checkpoint(
             self.checkpoint_dir,
             self.step,
-            weights=weights,
-            optimizer=optimizer,
-            state=state,
+            tensors=tensors,
+            state={**state, "optimizer_groups": optimizer["param_groups"]},
             keep=self.config.keep_checkpoints,
         )
-        self._unsaved_metrics = []
-        return path
 
     def load(self, path: str | os.PathLike) -> list[dict[str, Any]]:
         """Restore the run from a checkpoint directory (weights, optimizer, rule, learner, data position).
@@ -385,7 +493,32 @@ class TrainingRun:
             The metrics rows the checkpoint carried that metrics.jsonl lacked (now written back to it; by rank 0
             alone under data parallelism, the other ranks get none).
         """
-        checkpoint = load_checkpoint(path)
+        state = self._load_sharded(Path(path)) if is_sharded(path) else self._load_whole(Path(path))
+        self.weighting.load_state_dict(state["weighting"])
+        self.collector.load_state_dict(state["collector"])
+        self.step = int(state["step"])
+        self.last_step_tied = bool(state.get("last_step_tied", False))
+        self.elapsed = float(state.get("elapsed", 0.0))
+        saved = state.get("config", {})
+        current = dataclasses.asdict(self.config)
+        changed = {
+            k: (saved[k], v)
+            for k, v in current.items()
+            if k not in _RESUME_MAY_CHANGE and k in saved and _jsonable(saved[k]) != _jsonable(v)
+        }
+        if changed:
+            logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
+        ranks = int(state.get("ranks", 1))
+        if ranks != self.world.size:  # the state is the global batch's (data order, seeds, whole weights)
+            logger.info("resuming a checkpoint of %d rank(s) with %d", ranks, self.world.size)
+        restored = self._restore_metrics(state.get("metrics", [])) if self.world.is_main else []
+        logger.info("resumed from %s at step %d", path, self.step)
+        return restored
+
+    def _load_whole(self, path: Path) -> dict[str, Any]:
+        """Restore weights, optimizer, weight average, learner tensors and this rank's RNG states from a whole-tensor
+        checkpoint (under ``--fsdp`` each rank keeps its shard); returns its JSON state."""
+        checkpoint = load_checkpoint(path, rank=self.world.rank)
         weights = {k: v for k, v in checkpoint.weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}
         average = {
             k.removeprefix(_AVERAGE_PREFIX): v for k, v in checkpoint.weights.items() if k.startswith(_AVERAGE_PREFIX)
@@ -410,26 +543,43 @@ class TrainingRun:
             optimizer = distributed.shard_optimizer_state(self.optimizer, optimizer)
         self.optimizer.load_state_dict(optimizer)
         self.load_learner_state_dict(learner_tensors, checkpoint.state.get("learner", {}))
-        self.weighting.load_state_dict(checkpoint.state["weighting"])
-        self.collector.load_state_dict(checkpoint.state["collector"])
-        self.step = checkpoint.step
-        self.last_step_tied = bool(checkpoint.state.get("last_step_tied", False))
-        self.elapsed = float(checkpoint.state.get("elapsed", 0.0))
-        saved = checkpoint.state.get("config", {})
-        current = dataclasses.asdict(self.config)
-        changed = {
-            k: (saved[k], v)
-            for k, v in current.items()
-            if k not in _RESUME_MAY_CHANGE and k in saved and _jsonable(saved[k]) != _jsonable(v)
+        return checkpoint.state
+
+    def _load_sharded(self, path: Path) -> dict[str, Any]:
+        """Restore weights, optimizer, weight average, learner tensors and this rank's RNG states from a sharded
+        checkpoint, whatever number of ranks wrote it: each rank reads its own shards under ``--fsdp``, the whole
+        tensors in one process or under DDP; returns its JSON state."""
+        problem = distributed.broadcast_object(checkpoint_problem(path) if self.world.is_main else None)
+        if problem is not None:
+            raise ValueError(f"{path} is not a complete checkpoint: {problem}")
+        state = read_state(path)
+        stored = sharded_keys(path)
+        names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
+        missing = [name for name in names if f"model.{name}" not in stored]
+        if missing:
+            raise ValueError(f"{path} lacks trainable parameters {missing[:5]} (saved with other settings?)")
+        optimizer = distributed.sharded_optimizer_state(self.policy, self.optimizer)  # its tensors to load into
+        tensors: dict[str, Any] = {
+            "model": distributed.sharded_model_state(self.policy, names),
+            "optimizer": optimizer["state"],
         }
-        if changed:
-            logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
-        ranks = int(checkpoint.state.get("ranks", 1))
-        if ranks != self.world.size:  # the state is the global batch's (data order, seeds, whole weights)
-            logger.info("resuming a checkpoint of %d rank(s) with %d", ranks, self.world.size)
-        restored = self._restore_metrics(checkpoint.state.get("metrics", [])) if self.world.is_main else []
-        logger.info("resumed from %s at step %d", path, self.step)
-        return restored
+        has_average = any(key.startswith("average.") for key in stored)
+        if self.average is not None and has_average:
+            tensors["average"] = dict(zip(names, self.average, strict=True))  # loaded in place
+        learner = {name: t.detach().clone() for name, t in self.learner_state_dict()[0].items()}
+        if learner and any(key.startswith("learner.") for key in stored):
+            tensors["learner"] = learner
+        load_sharded_tensors(path, tensors)
+        distributed.load_sharded_model_state(self.policy, tensors["model"])
+        distributed.load_sharded_optimizer_state(
+            self.policy, self.optimizer, {"state": tensors["optimizer"], "param_groups": state["optimizer_groups"]}
+        )
+        if self.average is not None and not has_average:
+            logger.warning("%s holds no weight average: the average starts from its weights", path)
+            _copy_each(self.average, self._averaged_parameters())
+        self.load_learner_state_dict(tensors.get("learner", {}), state.get("learner", {}))
+        restore_rng(path, self.world.rank)
+        return state
 
     def _restore_metrics(self, saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Make metrics.jsonl hold exactly one row per step up to the checkpoint's, then rewrite it atomically.
@@ -499,16 +649,22 @@ class TrainingRun:
         """Make the averaged weights the policy's own for good (the run's end: the final model, the evaluation)."""
         if self.average is not None:
             _copy_each(self._averaged_parameters(), self.average)
-            self.collector.update_policy_weights_()
+            self.push_weights(force=True)
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Put a checkpoint's trainable weights into the policy; the optimizer, rule and data position stay as they
         are (the final model's selection, `algos.evaluation.select_checkpoint`)."""
-        weights = load_checkpoint(path).weights
-        self._put_weights(
-            {k: v for k, v in weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}, path
-        )
-        self.collector.update_policy_weights_()
+        if is_sharded(path):  # each rank reads its shards (the whole tensors without --fsdp)
+            names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
+            tensors = {"model": distributed.sharded_model_state(self.policy, names)}
+            load_sharded_tensors(path, tensors)
+            distributed.load_sharded_model_state(self.policy, tensors["model"])
+        else:
+            weights = load_checkpoint(path).weights
+            self._put_weights(
+                {k: v for k, v in weights.items() if not k.startswith((_LEARNER_PREFIX, _AVERAGE_PREFIX))}, path
+            )
+        self.push_weights(force=True)
 
     def _put_weights(self, weights: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
         """Copy a checkpoint's policy weights into the policy (under --fsdp each rank keeps its shard)."""
@@ -532,21 +688,54 @@ class TrainingRun:
         if not self.world.is_main:
             return None
         target = self.run_dir / "final"
-        tmp = Path(tempfile.mkdtemp(prefix=".final-", dir=self.run_dir))
+        with writing(target, self.run_dir):  # a full or read-only disk: one error naming the path and the cause
+            tmp = Path(tempfile.mkdtemp(prefix=".final-", dir=self.run_dir))
         try:
             model = self.policy
             if self.peft_model is not None:
                 model = copy.deepcopy(self.peft_model).merge_and_unload()
-            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            tmp.chmod(0o755)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            with writing(target, tmp):  # classified before the partial files that filled the disk are removed
+                model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                outputs.describe_final_model(tmp, self.config, self.step)  # card, config; 0755/0644, not mkdtemp's 0700
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(tmp, target)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+    def publish(
+        self,
+        final: Path,
+        evaluation: dict[str, Any] | None,
+        validation: dict[str, Any] | None,
+        curves: str | None,
+    ) -> None:
+        """Rank 0, at the end: final/'s card with the held-out table, the run config beside metrics.jsonl, the
+        end-of-run wandb tables and images, and the upload to ``--push-to-hub``."""
+        outputs.describe_final_model(final, self.config, self.step, evaluation, validation)
+        outputs.write_run_config(self.config, self.run_dir)
+        if self._wandb is not None:
+            import wandb
+
+            payload = outputs.wandb_outputs(wandb, evaluation, validation, curves)
+            if payload:
+                self._wandb.log(payload, step=self.step)
+        if self.config.push_to_hub:
+            try:
+                url = outputs.push_to_hub(final, self.config.push_to_hub, f"{self.config.name}: {self.step} steps")
+            except Exception as err:  # the run's outputs are on disk already: a failed upload must not lose them
+                logger.error(
+                    "upload to %s failed (%s); retry with: hf upload %s %s",
+                    self.config.push_to_hub,
+                    err,
+                    self.config.push_to_hub,
+                    final,
+                )
+            else:
+                logger.info("uploaded %s to the Hugging Face Hub: %s", final, url)
 
     # --- metrics -------------------------------------------------------------------------------------------
     def _init_wandb(self) -> Any:
@@ -571,7 +760,7 @@ class TrainingRun:
 
     def log(self, metrics: dict[str, float]) -> None:
         """Append to metrics.jsonl and send to wandb."""
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+        with writing(self.metrics_path), open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics) + "\n")
         self._log_wandb(metrics)
 
@@ -591,32 +780,48 @@ class TrainingRun:
 
     # --- the run -------------------------------------------------------------------------------------------
     def steps(self) -> Iterator[dict[str, float]]:
-        """Run the remaining steps, checkpointing every ``save_every``; yield each step's metrics."""
+        """Run the remaining steps, checkpointing every ``save_every``; yield each step's metrics.
+
+        SIGTERM or SIGINT (`run_control.StopSignals`) lets the step under way finish; then a checkpoint of the last
+        finished step is written (unless one is on disk) and `run_control.Interrupted` is raised. Between steps the
+        torch thread count follows the machine's load (`run_control.TorchThreads`).
+        """
         cfg = self.config
         budget = math.inf if cfg.max_train_minutes is None else 60.0 * cfg.max_train_minutes
         last_step = 0.0
-        while self.step < cfg.steps:
-            if self.elapsed + last_step > budget:
-                logger.info("training-time budget of %.1f min reached at step %d", cfg.max_train_minutes, self.step)
-                self.stopped_early = True
-                break
-            start = time.perf_counter()
-            self.set_lr()
-            metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
-            self.update_average()
-            # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set the
-            # same lr); a rank that stopped alone would leave the others waiting in a collective
-            last_step = distributed.broadcast_object(time.perf_counter() - start)
-            self.elapsed += last_step
-            metrics["time/elapsed"] = self.elapsed
-            self._unsaved_metrics.append(metrics)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
-                ckpt_start = time.perf_counter()
-                self.save()  # rank 0 writes (under --fsdp every rank gathers)
-                metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
-            if self.world.is_main:
-                self.log(metrics)
-            yield metrics
+        saved_step = self.step if cfg.resume else None  # a resumed run's step has its checkpoint on disk
+        with run_control.StopSignals() as stop:
+            while True:
+                # data parallel: a signal to any rank stops every rank after the same step
+                signum = distributed.all_max(stop.signum)
+                if signum:
+                    checkpoint = find_latest(self.checkpoint_dir) if self.step == saved_step else self.save()
+                    raise run_control.Interrupted(signum, self.step, checkpoint if self.world.is_main else None)
+                if self.step >= cfg.steps:
+                    break
+                if self.elapsed + last_step > budget:
+                    logger.info("training-time budget of %.1f min reached at step %d", cfg.max_train_minutes, self.step)
+                    self.stopped_early = True
+                    break
+                self.threads.recheck()
+                start = time.perf_counter()
+                self.set_lr()
+                metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
+                self.update_average()
+                # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set
+                # the same lr); a rank that stopped alone would leave the others waiting in a collective
+                last_step = distributed.broadcast_object(time.perf_counter() - start)
+                self.elapsed += last_step
+                metrics["time/elapsed"] = self.elapsed
+                self._unsaved_metrics.append(metrics)
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                    ckpt_start = time.perf_counter()
+                    self.save()  # rank 0 writes (under --fsdp every rank writes its shards)
+                    saved_step = self.step
+                    metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
+                if self.world.is_main:
+                    self.log(metrics)
+                yield metrics
 
     def set_lr(self) -> None:
         """Scale every parameter group's lr by `lr_factor` of the run's progress (steps or minutes, the further)."""
@@ -647,7 +852,7 @@ class TrainingRun:
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
-        checkpoint = self.save()  # rank 0 writes; the other ranks write nothing (under --fsdp they help gather)
+        checkpoint = self.save()  # rank 0 writes; the other ranks nothing (under --fsdp each its shards)
         distributed.barrier()  # every checkpoint is on disk before any rank lists them
         validation = None
         if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
@@ -658,6 +863,7 @@ class TrainingRun:
         final = self.save_final_model()
         if checkpoint is not None and final is not None:
             summary = self.summary(checkpoint, final)
+            summary["torch_threads"] = self.threads.describe()
             if validation is not None:
                 summary["validation"] = validation
         if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
@@ -671,6 +877,8 @@ class TrainingRun:
                 )
                 summary["curves"] = str(curves)
                 summary["process_wall_time_s"] = time.perf_counter() - self.started
+        if final is not None:
+            self.publish(final, summary.get("evaluation"), validation, summary.get("curves"))
         distributed.barrier()  # every file is written before any rank returns
         if self.world.is_main:
             print_summary(summary)
@@ -700,13 +908,39 @@ class TrainingRun:
         }
 
     def close(self) -> None:
-        """Close the envs, finish the wandb run and leave the process group."""
+        """Close the envs, finish the wandb run, leave the process group and release the run directory's lock."""
         self.collector.shutdown()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
         self.ddp = None
         distributed.shutdown()
+        if self.world.is_main:
+            run_control.release_run_dir(self.run_dir)
+
+
+@contextlib.contextmanager
+def _merged_lora(peft_model: Any) -> Iterator[None]:
+    """A LoRA policy's adapter merged into its base weights for the block, unmerged after (no-op without LoRA)."""
+    if peft_model is None:
+        yield
+        return
+    with torch.no_grad():
+        peft_model.merge_adapter()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            peft_model.unmerge_adapter()
+
+
+def _engine_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's parameters under their Hugging Face names, as an engine's weight loader expects them: tied
+    tensors once, a merged LoRA layer's base weight under the plain name, the adapter's own tensors left out."""
+    for name, param in policy.named_parameters():
+        if ".lora_" in name:
+            continue
+        yield name.replace(".base_layer.", "."), param.detach()
 
 
 def _copy_each(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
@@ -749,44 +983,32 @@ def lr_factor(schedule: str, done: float) -> float:
 
 
 def cpu_threads(requested: int | None) -> int:
-    """CPU threads for torch: `requested`, or every core that other processes leave idle now (at least one).
+    """CPU threads for torch at start: `requested`, or every core that other processes leave idle now (at least one).
 
-    One thread per process beats several when the cores are contended (OpenMP threads spin-wait on each
-    other), while on an idle machine every core helps. What other processes use is measured over half a
-    second at start (`busy_cores`); the load average stands in where that cannot be read. The load average
-    alone decided before, and it lags by minutes: a run started right after an install, a build or another
-    job took one thread on an idle 2-core machine and kept it for its whole budget.
+    What other processes use is measured over half a second (`busy_cores`); the load average, minutes behind, stands
+    in where that cannot be read. A run decides again between steps from longer windows (`run_control.TorchThreads`,
+    whose rule is `run_control.choose_threads`), so a spike at start does not fix the count for the whole run.
     """
     if requested:
         return requested
-    cores = os.cpu_count() or 1
     busy = busy_cores()
     if busy is None:
         try:
             busy = os.getloadavg()[0]
         except OSError:
             busy = 0.0
-    return max(1, min(cores, cores - int(busy + 0.5)))
+    return run_control.choose_threads(os.cpu_count() or 1, busy)
 
 
 def busy_cores(window: float = 0.5, stat: str = "/proc/stat") -> float | None:
-    """Cores kept busy over the next `window` seconds, from the kernel's CPU time counters (Linux); None where
-    they cannot be read. This process sleeps meanwhile, so it counts only the others."""
-
-    def times() -> tuple[int, int]:
-        with open(stat) as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-        return fields[3] + fields[4], sum(fields)
-
-    try:
-        idle0, total0 = times()
-        time.sleep(window)
-        idle1, total1 = times()
-    except (OSError, ValueError, IndexError):
+    """Cores other processes keep busy over the next `window` seconds, from the kernel's CPU time counters (Linux);
+    None where they cannot be read."""
+    start = run_control.read_cpu(stat)
+    time.sleep(window)
+    end = run_control.read_cpu(stat)
+    if start is None or end is None:
         return None
-    if total1 <= total0:
-        return None
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+    return run_control.others_busy(start, end, os.cpu_count() or 1)
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -801,6 +1023,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row("training time", f"{summary['wall_time_s']:.0f} s ({summary['wall_time_s'] / 60:.1f} min)")
     process = summary["process_wall_time_s"]
     table.add_row("this process (setup, steps, saving)", f"{process:.0f} s ({process / 60:.1f} min)")
+    if "torch_threads" in summary:
+        table.add_row("torch threads", summary["torch_threads"])
     table.add_row(f"reward, first/last {k} steps", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
     table.add_row(f"answer F1, first/last {k} steps", f"{summary['f1_first']:.3f} -> {summary['f1_last']:.3f}")
     table.add_row("SFT weight (last steps)", f"{summary['sft_weight_last']:.3f}")
@@ -816,6 +1040,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     if "curves" in summary:
         table.add_row("learning curves", summary["curves"])
     console = Console()
+    if not console.is_terminal:  # a log file: the table at its natural width, not wrapped at 80 columns
+        console = Console(width=10_000)
     console.print(table)
     if "evaluation" in summary:
         console.print(summary["evaluation"]["table"], markup=False, highlight=False)
@@ -851,6 +1077,12 @@ def main(
 ) -> dict[str, Any]:
     """Parse the command line, train, and return the summary (the entry points' shared body).
 
+    A fault ends the process with one line: exit status 2 for settings, data files and a run directory that cannot
+    be used (holding another run's checkpoints, or locked by a run in progress: `run_control.lock_run_dir`), 1 for
+    the rest (a full or read-only disk among them, with the checkpoint to resume from). SIGTERM or Ctrl-C stops
+    after the step under way with a checkpoint of it and one line that says how to resume; the exit status is then
+    143 or 130 (`run_control.StopSignals`).
+
     Args:
         argv: Arguments without the program name; None reads sys.argv.
         algo: grpo, grpo_sft, red_grpo, sft, ppo or archer.
@@ -861,27 +1093,80 @@ def main(
     """
     config = parse_config(argv, algo=algo, description=description, config_cls=config_cls, **defaults)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    quiet_http_logs()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if trainer_cls is None:
         from algos.trainer import Trainer
 
         trainer_cls = Trainer
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        trainer = trainer_cls(config)
-    except (DataError, FileExistsError, FileNotFoundError) as err:  # a user's data or run directory
-        _exit_with(err, 2)
-    except (TrainingStopped, ConnectionError) as err:  # nothing to resume, no retrieval server
-        _exit_with(err, 1)
-    try:
-        return trainer.train()
-    except TrainingStopped as err:
-        _exit_with(err, 1)
+        try:
+            with run_control.StopSignals(at_once=True):  # SIGTERM or Ctrl-C in setup ends it: nothing trained yet
+                trainer = trainer_cls(config)
+        except (DataError, CorpusError, FileExistsError, FileNotFoundError, DoesNotFit, run_control.RunDirInUse) as err:
+            _exit_with(err, 2)  # a user's data or corpus, run dir (holding checkpoints, or in use) or model size
+        except (TrainingStopped, ConnectionError, CheckpointWriteError) as err:  # nothing to resume, no server, disk
+            _exit_with(err, 1)
+        except RuntimeError as err:
+            _exit_if_timed_out(err, config)
+            raise
+        except run_control.Interrupted as err:
+            command = run_control.rerun_command(args, config.output_dir, resume=config.resume)
+            _stop_with(err, command, show=True)
+        try:
+            return trainer.train()
+        except TrainingStopped as err:
+            _exit_with(err, 1)
+        except CheckpointWriteError as err:  # a full or read-only disk: the checkpoints written before it are intact
+            latest = find_latest(trainer.checkpoint_dir)
+            command = run_control.rerun_command(args, config.output_dir, resume=latest is not None)
+            where = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written yet"
+            _exit_with(OSError(f"{err}; {where}: once there is room (or it is writable again), run {command}"), 1)
+        except RuntimeError as err:
+            _exit_if_timed_out(err, config)
+            raise
+        except run_control.Interrupted as err:  # a checkpoint of the last finished step is on disk
+            command = run_control.rerun_command(args, config.output_dir, resume=True)
+            _stop_with(err, command, show=trainer.world.is_main)
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        run_control.release_run_dir(config.output_dir)  # for a caller that goes on (the process's end releases it too)
 
 
 def _exit_with(err: BaseException, status: int) -> NoReturn:
     """Print a fault as one line (no traceback: the message says what to do) and exit with `status`."""
     print(f"error: {err}", file=sys.stderr)
     raise SystemExit(status) from None
+
+
+def _exit_if_timed_out(err: RuntimeError, config: Config) -> None:
+    """Exit with one line (status 1) when `err` is a collective that waited past ``--dist-timeout-seconds``.
+
+    gloo raises its timeout as a plain RuntimeError ("Timed out waiting ...ms"), NCCL as a DistBackendError; either
+    means another rank stopped, hung or died, which its own output explains, so a traceback here says nothing more.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if not (isinstance(err, dist.DistError) or "timed out" in str(err).lower()):
+        return
+    detail = (str(err).strip().splitlines() or [""])[0][:200]
+    distributed.shutdown()
+    _exit_with(
+        TimeoutError(
+            f"a collective operation waited more than --dist-timeout-seconds {config.dist_timeout_seconds:g} for the "
+            f"other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
+        ),
+        1,
+    )
+
+
+def _stop_with(err: run_control.Interrupted, command: str, show: bool) -> NoReturn:
+    """Print how to go on after a stop by a signal as one line (when `show`) and exit with 128 + its number."""
+    if show:
+        print(err.message(command), file=sys.stderr)
+    raise SystemExit(err.exit_status) from None

@@ -40,7 +40,7 @@ from envs.data import DataError
 
 logger = logging.getLogger(__name__)
 
-ORACLE_VERSION = "grounded-8"  # 8: reads Search-R1-format observations (ours unchanged)
+ORACLE_VERSION = "grounded-9"  # 9: passage text is data (tags in a passage are never parsed, nor quoted)
 """Changes whenever the oracle's policy changes, so cached demonstrations of an older oracle are rebuilt."""
 
 __all__ = [
@@ -288,7 +288,8 @@ def load_demonstrations(
         Demonstration contexts (every context of every kept episode).
 
     Raises:
-        ValueError: No demonstration survives the filters.
+        DataError: No demonstration survives the filters (none correct and grounded, or all longer than
+            `max_tokens`: the message gives the context length that would keep one).
     """
     kinds = question_kinds(config) if config.sft_mix == "questions" else None
     if config.sft_data is not None:
@@ -309,8 +310,17 @@ def load_demonstrations(
         logger.warning(
             "dropped %d of %d demonstrations longer than %s tokens", len(demos) - len(kept), len(demos), max_tokens
         )
+    if not kept and demos:
+        shortest = min(len(d.token_ids) for d in demos)
+        raise DataError(
+            f"--max-context-tokens {max_tokens} is shorter than every demonstration in {source} (the shortest is "
+            f"{shortest} tokens): give --max-context-tokens {shortest} or more"
+        )
     if not kept:
-        raise ValueError(f"no usable demonstrations in {source} (none correct, or all longer than {max_tokens} tokens)")
+        raise DataError(
+            f"no usable demonstrations in {source}: none answers correctly (F1 > 0) from evidence it was shown "
+            "(oracle demonstrations: does the corpus hold the questions' gold paragraphs?)"
+        )
     return kept
 
 

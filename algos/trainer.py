@@ -148,8 +148,8 @@ class Trainer(TrainingRun):
         self.policy.eval()
         if "sft/entropy" in metrics:
             self.weighting.observe_sft_entropy(metrics["sft/entropy"])
-        self.collector.update_policy_weights_()
         self.step += 1
+        self.push_weights()  # a sampler with its own copy of the weights (vLLM) gets the updated ones
         self.last_batch = batch  # for benchmarks
 
         episodes = [episode_metrics(info) for info in infos]  # what the env reports: answered, em, f1, searches...
@@ -168,6 +168,7 @@ class Trainer(TrainingRun):
                 "env/retrieval_error_rate": retrieval_error_rate,
                 "train/batch_accuracy": accuracy,
                 "train/questions": len({t.group_id for t in gathered}),
+                "train/episodes": len(gathered),
                 "train/rl_entropy": rl_entropy,
                 "train/grad_norm": float(grad_norm),
                 "train/lr": self.optimizer.param_groups[0]["lr"],
@@ -183,6 +184,7 @@ class Trainer(TrainingRun):
                 "tokens/trained": trained,
                 "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
                 "tokens/s_generation": self.sampler.tokens / self.sampler.seconds if self.sampler.seconds else 0.0,
+                **peak_memory(self.device),
             }
         )
         return metrics
@@ -405,6 +407,16 @@ class Trainer(TrainingRun):
         """Restore what `learner_state_dict` returned."""
         if tensors or state:
             raise ValueError(f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.algo} lacks")
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """``memory/peak_gib``: the most GPU memory torch held since the last call (which starts the next window); {} on a
+    CPU."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"memory/peak_gib": peak}
 
 
 def rewards_tied(trajectories: Sequence[Trajectory]) -> bool:

@@ -1,12 +1,18 @@
 """How much of a search step is the env's own work (parsing, formatting, reward) rather than retrieval.
 
-    python -m benchmarks.env_overhead [--steps 300] [--top-k 3]
+    python -m benchmarks.env_overhead [--steps 300] [--top-k 3] [--server-envs 16 --server-turns 12]
 
 Runs real search steps (`env.step("<think>..</think><search>q</search>")`, BM25 over the bundled corpus,
 queries = HotpotQA dev questions, no query cache) and, in the same run, the retriever's `search(q, k)`
 alone on the same queries, interleaved so machine noise hits both alike. It prints both medians and
 their ratio, and the env's own share of a step measured inside each step (step time minus the time of the
 retrieval call it made, over step time), which is immune to noise between calls. Target: at most 5%.
+
+With ``--server-envs N`` it then starts a local retrieval server (``python -m retrievers.server``, BM25 over the
+bundled corpus) and steps N envs together for ``--server-turns`` turns, each env searching a different dev
+question per turn, two ways, interleaved: every env searching on its own (``query_cache=0``: N requests per turn),
+and the batched way of the agents' rollouts (`envs.batching.prefetch_searches`: one request per turn, the envs'
+own searches answered from the shared cache). It prints both medians per turn and their ratio.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--server-envs", type=int, default=0, help="envs per turn against a local server (0: skip)")
+    parser.add_argument("--server-turns", type=int, default=12, help="measured turns of the server comparison")
     args = parser.parse_args()
 
     # no query cache: every step must really search, or the comparison would flatter the env
@@ -81,6 +89,73 @@ def main() -> None:
     print(f"median retriever.search alone    : {search * 1e3:8.3f} ms")
     print(f"ratio step / search              : {step / search:8.3f}")
     print(f"env's own share, inside each step: {statistics.median(shares):8.1%}  (median; target <= 5%)")
+    if args.server_envs > 0:
+        server_comparison(args.server_envs, args.server_turns, args.top_k)
+
+
+def server_comparison(num_envs: int, turns: int, top_k: int) -> None:
+    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    from envs.batching import prefetch_searches
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "retrievers.server", "--port", str(port)], stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 600  # a first run builds the Lucene index
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the retrieval server did not start (exit status {server.poll()})")
+            time.sleep(0.5)
+        settings = {"top_k": top_k, "max_turns": 10**6, "retriever": url}
+        alone = [gym.make("RedCoda-HotpotQA-v0", query_cache=0, **settings) for _ in range(num_envs)]
+        batched = [gym.make("RedCoda-HotpotQA-v0", query_cache=1 << 16, **settings) for _ in range(num_envs)]
+        for env in alone + batched:
+            env.reset(seed=0)
+        questions = [ex.question for ex in load_examples("hotpotqa", "dev")]
+        turns = min(turns, len(questions) // num_envs - 1)
+
+        def each_alone(actions: list[str]) -> None:
+            for env, action in zip(alone, actions, strict=True):
+                env.step(action)
+
+        def together(actions: list[str]) -> None:
+            prefetch_searches(batched, actions)
+            for env, action in zip(batched, actions, strict=True):
+                env.step(action)
+
+        times: dict[str, list[float]] = {"alone": [], "together": []}
+        for turn in range(turns + 1):  # turn 0 warms both clients and the server
+            chunk = questions[turn * num_envs : (turn + 1) * num_envs]
+            actions = [f"<think>look it up</think><search>{q}</search>" for q in chunk]
+            order = [("alone", each_alone), ("together", together)]
+            for name, run in order if turn % 2 else order[::-1]:  # neither side always meets a warmer server
+                start = time.perf_counter()
+                run(actions)
+                if turn:
+                    times[name].append(time.perf_counter() - start)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    alone_turn, batched_turn = statistics.median(times["alone"]), statistics.median(times["together"])
+    print(f"server: {num_envs} envs, {turns} turns, top_k={top_k}, BM25 (Pyserini) at {url}")
+    print(f"median turn, each env its own request ({num_envs} requests): {alone_turn * 1e3:8.1f} ms")
+    print(f"median turn, one batched request                   : {batched_turn * 1e3:8.1f} ms")
+    print(f"ratio own / batched                                : {alone_turn / batched_turn:8.2f}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """Evaluate an agent on a QA split: EM, F1, format, searches and invalid actions, each with a 95% CI.
 
     python -m benchmarks.evaluate --agent {direct,rag,search_r1,coda,oracle} [--model smollm2-135m] \\
-        [--split dev] [--limit N] [--batch 32] [--seed 0] [--temperature 0] [--out FILE.jsonl]
+        [--split dev] [--limit N] [--eval-batch-size 32] [--seed 0] [--temperature 0] [--out FILE.jsonl]
     python -m benchmarks.evaluate --agent search_r1 --model runs/red_grpo/final --data-path my_dev.jsonl \\
-        --corpus-path my_corpus.jsonl --top-k 5 --max-passage-words 120 --max-turns 5 --max-context-tokens 8192
+        --corpus-path my_corpus.jsonl --top-k 5 --max-passage-words 120 --max-search-turns 4 --max-context-tokens 8192
+    python -m benchmarks.evaluate --run-dir runs/red_grpo-cpu-seed0 [--limit 200] [--top-k 5]
 
-Every env setting the trainer takes is a flag here too (data and corpus files, retriever or server URL,
-top_k, passage words, turn limits, observation format, the agent's context length), so a model can be
-scored on a user's own data; `algos.evaluation` calls `evaluate` with a run's own `Config` settings.
+Every env setting the trainer takes is a flag here too, with the trainer's name and meaning (data and corpus
+files, retriever or server URL, top_k, passage words, --max-search-turns, --max-planner-turns, protocol,
+instructions, observation format, --question-after-results, the agent's context length, --eval-batch-size), so
+a model can be scored on a user's own data. ``--run-dir DIR`` (or ``--config DIR/redcoda_config.json``) reads a
+trained run's saved config and scores its final/ model in exactly the env it trained in (`Config.env_id`,
+`Config.env_kwargs`, on its held-out split), as the run's own evaluation did; env flags given with it replace
+single settings. The names of earlier versions (``--batch``, ``--max-turns``: turns per episode,
+``--max-executor-turns``) still work.
 
 Agents:
 * ``direct``: the model answers from the question alone (a chat prompt asking for a short answer inside
@@ -40,7 +46,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +94,9 @@ def evaluate(
     out: str | os.PathLike | None = None,
     progress: bool = True,
     device: str | None = None,
+    sampler: str = "hf",
+    sampler_url: str | None = None,
+    served_model: str | None = None,
 ) -> dict[str, Any]:
     """Run one agent over the first `limit` questions of a split and score it.
 
@@ -115,12 +124,16 @@ def evaluate(
         out: write one JSON line per question here.
         progress: show a progress bar.
         device: torch device for the model (None: CUDA when available).
+        sampler: what samples the replies (`agents.samplers.factory`): hf (transformers), vllm (a vLLM engine
+            over `model`, a directory or hub id), or openai (a served model at `sampler_url`).
+        sampler_url: openai: the server's API root, e.g. http://127.0.0.1:8000/v1.
+        served_model: openai: the model name the server expects (None: `model`).
 
     Returns:
-        `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "predictions"}`
-        where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `metric_intervals`: Wilson's
-        for the 0/1 rates, t for the rest) for each of `METRICS`, and
-        `predictions` the per-question records written to `out`.
+        `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "env",
+        "predictions"}` where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `metric_intervals`:
+        Wilson's for the 0/1 rates, t for the rest) for each of `METRICS`, `env` the env played (``{"id",
+        "kwargs"}``, objects as their repr), and `predictions` the per-question records written to `out`.
     """
     import gymnasium as gym
 
@@ -142,6 +155,7 @@ def evaluate(
         raise ValueError(f"question indices must lie in [0, {len(examples)}) for {env_id} {env_kwargs}")
     n = len(indices)
     dataset, split = getattr(env_list[0].unwrapped, "dataset", dataset), getattr(env_list[0].unwrapped, "split", split)
+    load = functools.partial(_load, device=device, kind=sampler, url=sampler_url, served_model=served_model)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
         predictions = _answer_directly(
@@ -154,7 +168,7 @@ def evaluate(
             temperature,
             max_new_tokens,
             progress,
-            device,
+            load,
         )
     else:
         env_list += [make_env() for _ in range(min(batch, n) - 1)]
@@ -168,7 +182,7 @@ def evaluate(
             temperature,
             max_new_tokens,
             progress,
-            device,
+            load,
             max_context_tokens,
         )
     for env in env_list:
@@ -190,8 +204,13 @@ def evaluate(
         "temperature": temperature,
         "wall_s": wall,
         "metrics": {name: interval.as_dict() for name, interval in metrics.items()},
+        "env": {"id": env_id, "kwargs": {k: v if _plain(v) else repr(v) for k, v in (env_kwargs or {}).items()}},
         "predictions": predictions,
     }
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def env_settings(
@@ -223,16 +242,43 @@ def _model_name(model: Any) -> str:
     return str(model)
 
 
-def _load(model: Any, seed: int, device: str | None, max_context: int | None = None) -> Any:
-    """An `HFSampler` over `model` (a name, a path or a loaded `(model, tokenizer)` pair)."""
-    from agents.models import load_model
+def _load(
+    model: Any,
+    seed: int,
+    max_context: int | None = None,
+    *,
+    device: str | None = None,
+    kind: str = "hf",
+    url: str | None = None,
+    served_model: str | None = None,
+) -> Any:
+    """A sampler of `kind` over `model` (a name, a path or a loaded `(model, tokenizer)` pair)."""
+    from agents.models import ensure_smollm2_cache, load_model, smollm2_tokenizer
     from agents.samplers import HFSampler
+    from agents.samplers.factory import make_sampler
 
+    bundled = model in (None, "None", "none", "smollm2-135m")
+    if kind == "hf":
+        lm, tokenizer = model if isinstance(model, tuple) else load_model(None if bundled else model, device=device)
+        return HFSampler(lm, tokenizer, seed=seed, max_context=max_context)
     if isinstance(model, tuple):
-        lm, tokenizer = model
+        raise ValueError(f"--sampler {kind} takes a model name or directory, not a loaded model")
+    source = str(ensure_smollm2_cache()) if bundled else str(model)
+    if kind == "openai":
+        from transformers import AutoTokenizer
+
+        tokenizer = smollm2_tokenizer() if bundled else AutoTokenizer.from_pretrained(source)
     else:
-        lm, tokenizer = load_model(None if model in (None, "None", "none") else model, device=device)
-    return HFSampler(lm, tokenizer, seed=seed, max_context=max_context)
+        tokenizer = None  # vLLM reads the tokenizer at source
+    return make_sampler(
+        kind,
+        tokenizer=tokenizer,
+        source=source,
+        max_context=max_context or 4096,
+        seed=seed,
+        url=url,
+        served_model=served_model,
+    )
 
 
 def _bar(total: int, desc: str, enabled: bool) -> Any:
@@ -268,7 +314,7 @@ def _answer_directly(
     temperature: float,
     max_new_tokens: int,
     progress: bool,
-    device: str | None,
+    load: Callable[..., Any],
 ) -> list[dict[str, Any]]:
     """direct and rag: one chat prompt per question, one batched generate call per `batch` questions; rag
     retrieves with the env's retriever, top_k and passage length."""
@@ -277,7 +323,7 @@ def _answer_directly(
     from envs.protocol import format_passages, parse_action
     from envs.rewards import exact_match, f1_score, format_score
 
-    sampler = _load(model, seed, device)
+    sampler = load(model, seed)
     retriever = env.retriever if agent_name == "rag" else None
     top_k, max_passage_words = env.top_k, env.max_passage_words
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=("</answer>",), seed=seed)
@@ -336,7 +382,7 @@ def _run_agent(
     temperature: float,
     max_new_tokens: int,
     progress: bool,
-    device: str | None,
+    load: Callable[..., Any],
     max_context_tokens: int = 4096,
 ) -> list[dict[str, Any]]:
     """search_r1, coda and oracle: batched episodes in the real env (`env_list`: one env per episode of a batch)."""
@@ -352,7 +398,7 @@ def _run_agent(
     else:
         from agents.search_agents import CodaAgent, SearchR1Agent
 
-        sampler = _load(model, seed, device, max_context_tokens)
+        sampler = load(model, seed, max_context_tokens)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         agent = (CodaAgent if agent_name == "coda" else SearchR1Agent)(
             sampler, params, max_context_tokens=max_context_tokens
@@ -405,20 +451,11 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agent", choices=AGENTS, required=True)
-    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m/None, a local directory or an HF id")
-    parser.add_argument("--dataset", default="hotpotqa")
-    parser.add_argument("--split", default="dev")
-    parser.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
-    parser.add_argument("--batch", type=int, default=32, help="episodes per batched rollout")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per model turn")
-    parser.add_argument("--max-turns", type=int, default=4, help="turns per episode (planner turns for coda)")
-    parser.add_argument("--max-context-tokens", type=int, default=4096, help="the agent's context length")
-    env = parser.add_argument_group("env settings", "RAGEnv arguments, as the trainer's flags of the same names")
+def _env_flags(parser: argparse.ArgumentParser) -> None:
+    """The trainer's env flags, with its names and meanings (`algos.config.Config`'s fields of the same names)."""
+    env = parser.add_argument_group("env settings", "the trainer's flags of the same names (algos.config.Config)")
+    env.add_argument("--env", "--env-id", dest="env", default=None, help="a registered env id (default: by --agent)")
+    env.add_argument("--protocol", choices=("flat", "coda"), default=None, help="default: by --agent")
     env.add_argument("--data-path", default=None, help="an official data file instead of the bundled split")
     env.add_argument("--corpus-path", default=None, help="a Search-R1-format corpus file instead of the bundled one")
     env.add_argument(
@@ -427,56 +464,166 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     env.add_argument("--corpus", choices=("pooled", "distractor"), default=None, help="pooled (default) or distractor")
     env.add_argument("--top-k", type=int, default=None, help="passages per search (default 3)")
     env.add_argument("--max-passage-words", type=int, default=None, help="words kept of each passage (default 80)")
-    env.add_argument("--max-planner-turns", type=int, default=None, help="coda: planner turns (default --max-turns)")
-    env.add_argument("--max-executor-turns", type=int, default=None, help="coda: turns per task (--max-turns - 1)")
+    env.add_argument(
+        "--max-search-turns", type=int, default=None, help="searches per episode (flat) or task (coda), + 1 answer"
+    )
+    env.add_argument("--max-planner-turns", type=int, default=None, help="coda: planner turns per episode")
     env.add_argument("--observation-format", choices=("redcoda", "search_r1"), default=None)
+    env.add_argument("--instructions", choices=("search-r1", "short"), default=None, help="the roles' system prompts")
+    env.add_argument(
+        "--question-after-results",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each search's results end with the question line again",
+    )
     env.add_argument("--retriever-timeout", type=float, default=None, help="server URL: seconds per request")
     env.add_argument("--retriever-retries", type=int, default=None, help="server URL: retries of a failed request")
+    # Names of earlier versions, kept so existing scripts run: --max-turns counts every turn of an episode (planner
+    # turns for coda), the trainer's --max-search-turns counts the searches.
+    env.add_argument("--max-turns", type=int, default=None, help=argparse.SUPPRESS)
+    env.add_argument("--max-executor-turns", type=int, default=None, help=argparse.SUPPRESS)
+
+
+ENV_FLAGS = (
+    "env",
+    "protocol",
+    "data_path",
+    "corpus_path",
+    "retriever",
+    "corpus",
+    "top_k",
+    "max_passage_words",
+    "max_search_turns",
+    "max_planner_turns",
+    "observation_format",
+    "instructions",
+    "question_after_results",
+    "retriever_timeout",
+    "retriever_retries",
+)
+"""The env flags that are `algos.config.Config` fields of the same name."""
+
+
+def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A trained run's held-out evaluation settings (`algos.evaluation.held_out_settings`), with `overrides`.
+
+    Args:
+        config_file: a run's saved config (``redcoda_config.json``) or any YAML/JSON file of `Config` fields.
+        overrides: `Config` field values that replace the file's (the env flags given on the command line).
+
+    Returns:
+        agent, env_id, env_kwargs, questions, max_new_tokens, max_context_tokens, eval_batch_size and eval_split:
+        the env exactly as `Config.env_id` and `Config.env_kwargs` build it, on the held-out split.
+    """
+    import dataclasses
+
+    from algos.config import Config, load_config_file
+    from algos.evaluation import held_out_settings
+
+    config = dataclasses.replace(Config(), **{**load_config_file(config_file), **overrides})
+    settings = held_out_settings(config)
+    settings.update(env_id=config.env_id, eval_batch_size=config.eval_batch_size, eval_split=config.eval_split)
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agent", choices=AGENTS, default=None, help="required unless --run-dir or --config")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="smollm2-135m (default)/None, a local directory or an HF id; --run-dir: its final/",
+    )
+    run = parser.add_argument_group("a trained run", "score a model in the env its run trained in")
+    run.add_argument("--run-dir", default=None, help="a run directory: its redcoda_config.json and final/ model")
+    run.add_argument("--config", default=None, help="a run's redcoda_config.json (or a YAML/JSON of trainer fields)")
+    parser.add_argument("--dataset", default="hotpotqa")
+    parser.add_argument("--split", default=None, help="default: dev (a run's eval_split)")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="episodes per batched rollout (default 32)")
+    parser.add_argument("--batch", dest="eval_batch_size", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per model turn (default 128)")
+    parser.add_argument("--max-context-tokens", type=int, default=None, help="the agent's context length (4096)")
+    _env_flags(parser)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--sampler",
+        choices=("hf", "vllm", "openai"),
+        default="hf",
+        help="hf (transformers), vllm (a vLLM engine over --model), openai (a served model at --sampler-url)",
+    )
+    parser.add_argument(
+        "--sampler-url", default=None, help="openai: the server's API root, e.g. http://127.0.0.1:8000/v1"
+    )
+    parser.add_argument("--served-model", default=None, help="openai: the model name the server expects (--model)")
     parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
     args = parser.parse_args(argv)
-
+    if args.max_turns is not None and args.max_search_turns is not None:
+        parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = None if args.model in ("None", "none") else args.model
-    env_kwargs = {
-        name: getattr(args, name)
-        for name in (
-            "data_path",
-            "corpus_path",
-            "retriever",
-            "corpus",
-            "top_k",
-            "max_passage_words",
-            "max_planner_turns",
-            "max_executor_turns",
-            "observation_format",
-            "retriever_timeout",
-            "retriever_retries",
-        )
-        if getattr(args, name) is not None
-    }
+
+    config_file = args.config or (Path(args.run_dir) / "redcoda_config.json" if args.run_dir else None)
+    flags = {name: getattr(args, name) for name in ENV_FLAGS if getattr(args, name) is not None}
+    if config_file is not None:
+        if args.max_turns is not None or args.max_executor_turns is not None:
+            parser.error("with a run's config, set turns with --max-search-turns and --max-planner-turns")
+        try:
+            settings = run_settings(config_file, flags)
+        except (OSError, ValueError) as err:
+            parser.error(f"{config_file}: {err}")
+        agent = args.agent or settings["agent"]
+        split = args.split or settings["eval_split"]
+        env_id, env_kwargs = settings["env_id"], {**settings["env_kwargs"], "split": split}
+        batch = args.eval_batch_size or settings["eval_batch_size"]
+        max_new_tokens = args.max_new_tokens or settings["max_new_tokens"]
+        max_context_tokens = args.max_context_tokens or settings["max_context_tokens"]
+        model = args.model or (str(Path(args.run_dir) / "final") if args.run_dir else "smollm2-135m")
+        max_turns = 4  # unused: the env is the run's
+    else:
+        if args.agent is None:
+            parser.error("--agent is required (or --run-dir / --config of a trained run)")
+        agent, split = args.agent, args.split or "dev"
+        batch, model = args.eval_batch_size or 32, args.model or "smollm2-135m"
+        max_new_tokens, max_context_tokens = args.max_new_tokens or 128, args.max_context_tokens or 4096
+        env_id = flags.pop("env", None)
+        searches = flags.pop("max_search_turns", None)
+        max_turns = searches + 1 if searches is not None else args.max_turns or 4
+        if searches is not None:  # the trainer's limits: flat episodes and executor tasks alike get searches + 1
+            flags["max_executor_turns"] = searches + 1
+        if args.max_executor_turns is not None:
+            flags["max_executor_turns"] = args.max_executor_turns
+        env_kwargs = flags
+        if env_id is not None:
+            env_kwargs = {**env_settings(agent, args.dataset, split, max_turns)[1], **flags}
+    model = None if model in ("None", "none") else model
     result = evaluate(
-        args.agent,
+        agent,
         model,
-        args.split,
+        split,
         args.limit,
         dataset=args.dataset,
-        batch=args.batch,
+        batch=batch,
         seed=args.seed,
         temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns,
+        max_new_tokens=max_new_tokens,
+        max_turns=max_turns,
         env_kwargs=env_kwargs,
-        max_context_tokens=args.max_context_tokens,
+        env_id=env_id,
+        max_context_tokens=max_context_tokens,
         out=args.out,
         device=args.device,
+        sampler=args.sampler,
+        sampler_url=args.sampler_url,
+        served_model=args.served_model,
     )
     print(
-        f"{args.agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
+        f"{agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
         f"| seed {args.seed} | temperature {args.temperature} | wall {result['wall_s']:.1f} s"
     )
     for name in METRICS:

@@ -6,7 +6,11 @@ Sources, in the order a researcher meets them:
   2WikiMultihopQA dev samples and Bamboogle, shipped gzip-compressed in `envs/data/` with their licences
   (`envs/data/ATTRIBUTION.md`). Nothing is downloaded.
 * a local file: the official HotpotQA JSON (distractor or fullwiki, a JSON list) or JSON lines, the
-  MuSiQue / 2WikiMultihopQA / FlashRAG JSON lines.
+  MuSiQue / 2WikiMultihopQA / FlashRAG JSON lines, and Search-R1's parquet (or JSON lines) rows. A row with
+  `golden_answers` (FlashRAG, Search-R1) or Search-R1's `reward_model.ground_truth.target` is read as such
+  whatever `dataset` says; every accepted row layout is in docs/data.md.
+* the other way, `search_r1_rows` / `flashrag_rows` and `write_rows` (`python -m envs.export`) write questions
+  in Search-R1's and FlashRAG's formats.
 * the Hugging Face hub (`load_hotpotqa_hub`), only when `datasets` is installed and a network is there.
   Never called at import time or in tests.
 """
@@ -100,10 +104,24 @@ class DataError(ValueError):
     """A data file that cannot be used: the message names the file, where in it (line or row) and what is wrong."""
 
 
-def _read_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """(where, row) for each row of a JSON list file (official HotpotQA) or a JSON-lines file, gzip or not.
+def _read_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError(f"{path}: reading parquet needs pyarrow: pip install pyarrow") from err
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises its own error types for damaged files
+        raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from err
+    for n, row in enumerate(rows, 1):
+        yield f"row {n}", row
 
-    `where` is ``"line N"`` in a JSON-lines file and ``"row N"`` in a JSON list.
+
+def _read_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """(where, row) for each row of a JSON list file (official HotpotQA), a JSON-lines file (gzip or not) or a
+    parquet file (Search-R1's; needs pyarrow).
+
+    `where` is ``"line N"`` in a JSON-lines file and ``"row N"`` in a JSON list or a parquet file.
 
     Raises:
         FileNotFoundError: no file at `path`.
@@ -114,6 +132,9 @@ def _read_rows(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no data file at {path}")
+    if path.suffix == ".parquet":
+        yield from _read_parquet(path)
+        return
     lines = open_text(path)
     line_no = 0
     try:
@@ -181,10 +202,28 @@ def musique_example(row: dict[str, Any]) -> QAExample:
 
 
 def flashrag_example(row: dict[str, Any], dataset: str = "bamboogle") -> QAExample:
-    """A QAExample from a FlashRAG row (`id, question, golden_answers`; no passages)."""
+    """A QAExample from a FlashRAG row (`id, question, golden_answers`; no passages) or a Search-R1 row (the same
+    fields, or only `question` with `reward_model.ground_truth.target`); `data_source` names the dataset."""
+    answers = row.get("golden_answers")
+    if answers is None:
+        answers = row["reward_model"]["ground_truth"]["target"]
+    if isinstance(answers, str):
+        answers = [answers]
+    answers = tuple(map(str, answers))
+    if not answers:
+        raise ValueError("the row has no gold answer")
+    extra = row.get("extra_info") or {}
     return QAExample(
-        id=str(row["id"]), question=row["question"], answers=tuple(map(str, row["golden_answers"])), dataset=dataset
+        id=str(row.get("id", extra.get("index", ""))),
+        question=row["question"],
+        answers=answers,
+        dataset=str(row.get("data_source") or dataset),
     )
+
+
+def _is_flashrag(row: dict[str, Any]) -> bool:
+    """Whether a row is in FlashRAG's or Search-R1's layout (gold answers as `golden_answers` or a reward target)."""
+    return "golden_answers" in row or isinstance(row.get("reward_model"), dict)
 
 
 _PARSERS = {
@@ -197,17 +236,21 @@ _PARSERS = {
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(dataset: str, path: str) -> tuple[QAExample, ...]:
-    parse = _PARSERS[dataset]
     examples = []
     for where, row in _read_rows(path):
         if not isinstance(row, dict):
             raise DataError(f"{path}: {where}: expected a JSON object (one question), got a {type(row).__name__}")
+        # FlashRAG and Search-R1 files hold every dataset in one layout: the row says which layout it is
+        parse = functools.partial(flashrag_example, dataset=dataset) if _is_flashrag(row) else _PARSERS[dataset]
         try:
             examples.append(parse(row))
         except KeyError as err:
             raise DataError(f"{path}: {where}: not a {dataset} row: it has no {err.args[0]!r} field") from err
         except (TypeError, ValueError, AttributeError) as err:
             raise DataError(f"{path}: {where}: not a {dataset} row ({type(err).__name__}: {err})") from err
+        question = examples[-1].question
+        if not isinstance(question, str) or not question.strip():  # the env would show its repr, or nothing
+            raise DataError(f"{path}: {where}: 'question' must be a non-empty string, got {question!r:.80}")
     if not examples:
         raise DataError(f"{path} holds no questions")
     return tuple(examples)
@@ -262,3 +305,73 @@ def pooled_passages(examples: Sequence[QAExample], prefix: str) -> list[tuple[st
         for title, text in example.paragraphs:
             seen.setdefault((title, text), f"{prefix}-{len(seen)}")
     return [(doc_id, title, text) for (title, text), doc_id in seen.items()]
+
+
+EXPORT_FORMATS = ("search-r1", "flashrag")
+
+
+def flashrag_rows(examples: Sequence[QAExample]) -> list[dict[str, Any]]:
+    """FlashRAG rows (`{"id", "question", "golden_answers", "metadata"}`) of these questions."""
+    return [
+        {
+            "id": example.id,
+            "question": example.question,
+            "golden_answers": list(example.answers),
+            "metadata": {"type": example.type, "supporting_titles": list(example.gold_titles)},
+        }
+        for example in examples
+    ]
+
+
+def search_r1_rows(examples: Sequence[QAExample], split: str = "train") -> list[dict[str, Any]]:
+    """Search-R1 training rows of these questions (its `scripts/data_process/nq_search.py` layout).
+
+    Each row keeps FlashRAG's `id`, `question` and `golden_answers` and adds what Search-R1's trainer reads:
+    `data_source`, `prompt` (one user message: Search-R1's instructions, ours with <refine>, then the question),
+    `ability`, `reward_model` (`{"style": "rule", "ground_truth": {"target": answers}}`) and `extra_info`.
+    """
+    from envs.protocol import FLAT_INSTRUCTIONS
+
+    rows = []
+    for n, example in enumerate(examples):
+        question = example.question.strip()
+        if not question.endswith("?"):
+            question += "?"
+        rows.append(
+            {
+                "id": example.id,
+                "question": example.question,
+                "golden_answers": list(example.answers),
+                "data_source": example.dataset,
+                "prompt": [{"role": "user", "content": f"{FLAT_INSTRUCTIONS} Question: {question}\n"}],
+                "ability": "fact-reasoning",
+                "reward_model": {"style": "rule", "ground_truth": {"target": list(example.answers)}},
+                "extra_info": {"split": split, "index": n},
+            }
+        )
+    return rows
+
+
+def write_rows(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
+    """Write rows as parquet (a `.parquet` path; needs pyarrow) or JSON lines (any other path; gzip for `.gz`).
+
+    Returns:
+        The path written.
+    """
+    import gzip
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError as err:
+            raise ImportError("writing parquet needs pyarrow: pip install pyarrow (or write .jsonl)") from err
+        pq.write_table(pa.Table.from_pylist(list(rows)), path)
+        return path
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path

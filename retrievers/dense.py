@@ -26,8 +26,14 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import faiss
 import numpy as np
+
+try:
+    import faiss
+except ImportError as err:
+    raise ImportError(
+        "dense retrieval needs faiss: pip install 'redcoda[dense]' (or faiss-gpu: 'redcoda[gpu]')"
+    ) from err
 
 from retrievers.base import Passage, SharedIndex
 from retrievers.corpus import Corpus, cache_root

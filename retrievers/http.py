@@ -9,21 +9,27 @@ true}` and answer `{"result": [[{"document": {"id", "contents"}, "score"}, ...],
     retriever.search("Who directed Ed Wood?", k=3)
 
 The constructor checks the server (`GET /health`, or a one-query `/retrieve` probe for servers without
-/health) and raises `ConnectionError` with the command that starts one. Requests time out, transient
-failures (connection errors, timeouts, 5xx) are retried a bounded number of times, and 4xx answers raise
-`RuntimeError` at once with the server's message (a rejected request is not retried, and is not reported as
-a missing server). A search against a hung server blocks for at most ``timeout * (retries + 1)`` seconds
-plus the backoff. Batches are split to respect the limits the server reports on /health (queries per
-request and passages per request), and lone UTF-16 surrogates are replaced before a query is sent.
+/health) and raises `ConnectionError` with the command that starts one. Each request has a deadline of
+``timeout`` seconds for the whole exchange (connecting, sending, and every read of the answer), so a server
+that hangs, or one that drips its answer a byte at a time, fails the request at the deadline; transient
+failures (connection errors, deadlines, 5xx) are retried a bounded number of times, each try with its own
+deadline, and 4xx answers raise `RuntimeError` at once with the server's message (a rejected request is not
+retried, and is not reported as a missing server). A search therefore blocks for at most
+``timeout * (retries + 1)`` seconds plus the backoff. Batches are split to respect the limits the server
+reports on /health (queries per request and passages per request), and lone UTF-16 surrogates are replaced
+before a query is sent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import httpx
+import httpcore
 
 from retrievers.base import Passage, SharedIndex, clean_query, split_contents
 
@@ -31,6 +37,97 @@ START_HINT = (
     "start one with `python -m retrievers.server --kind bm25 --port 8000` "
     "(or Search-R1's retrieval_launch.sh), or check the URL"
 )
+_TRANSPORT_ERRORS = (
+    httpcore.TimeoutException,
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.ConnectionNotAvailable,
+    httpcore.UnsupportedProtocol,
+)
+"""What a request can fail with short of an HTTP answer: no connection, a deadline, a broken exchange, a bad URL."""
+_WRITE_CHUNK = 16384
+"""Bytes sent per socket write, so that the deadline is checked between the pieces of a large request."""
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's blocking sockets, with every operation's timeout cut to what is left of the request's deadline.
+
+    httpcore's timeouts bound each connect, write and read on its own, so an answer that arrives one byte per
+    interval never times out; here each operation gets at most the time left before the deadline that
+    `within` set for the calling thread, and once it has passed the next operation fails at once.
+    """
+
+    def __init__(self) -> None:
+        self._sockets = httpcore.SyncBackend()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """Every socket operation of this thread inside the block ends within `seconds` of its start."""
+        self._local.deadline = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self._local.deadline = None
+
+    def left(self, timeout: float | None, error: type[Exception]) -> float | None:
+        """`timeout` cut to the time left before the deadline; raises `error` once the deadline has passed."""
+        deadline = getattr(self._local, "deadline", None)
+        if deadline is None:
+            return timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise error("the request's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._sockets.connect_tcp(
+            host, port, self.left(timeout, httpcore.ConnectTimeout), local_address, socket_options
+        )
+        return _DeadlineStream(stream, self)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        stream = self._sockets.connect_unix_socket(path, self.left(timeout, httpcore.ConnectTimeout), socket_options)
+        return _DeadlineStream(stream, self)
+
+    def sleep(self, seconds: float) -> None:
+        self._sockets.sleep(seconds)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose reads and writes end by the deadline of `_DeadlineBackend`."""
+
+    def __init__(self, stream: httpcore.NetworkStream, backend: _DeadlineBackend) -> None:
+        self._stream = stream
+        self._backend = backend
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._backend.left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        for lo in range(0, len(buffer), _WRITE_CHUNK):  # a server that reads slowly must not stretch the deadline
+            self._stream.write(buffer[lo : lo + _WRITE_CHUNK], self._backend.left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = self._backend.left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, timeout), self._backend)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
 
 
 class HTTPRetriever(SharedIndex):
@@ -38,7 +135,8 @@ class HTTPRetriever(SharedIndex):
 
     Args:
         url: the server's base URL, e.g. "http://127.0.0.1:8000" (a trailing "/retrieve" is accepted).
-        timeout: seconds allowed for each HTTP request.
+        timeout: seconds allowed for each HTTP request as a whole (connect, send, and the whole answer); a retry
+            gets its own.
         retries: extra attempts after a connection error, timeout or 5xx answer (0 = try once).
         max_batch: queries per request; larger batches are split (our server accepts 512 by default).
         backoff: seconds before the first retry; doubled for each further one.
@@ -59,7 +157,8 @@ class HTTPRetriever(SharedIndex):
         self.backoff = backoff
         self.max_hits: int | None = None
         """Passages per request the server accepts (from its /health), None when it does not say."""
-        self._client = httpx.Client(timeout=timeout)
+        self._backend = _DeadlineBackend()
+        self._pool = httpcore.ConnectionPool(network_backend=self._backend)
         self._check_server()
 
     def __repr__(self) -> str:
@@ -67,13 +166,32 @@ class HTTPRetriever(SharedIndex):
 
     def close(self) -> None:
         """Close the underlying connection pool."""
-        self._client.close()
+        self._pool.close()
+
+    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> httpcore.Response:
+        """One HTTP exchange with `path`, answered in full within the deadline (``timeout`` seconds from now).
+
+        Raises:
+            httpcore.TimeoutException: the deadline passed (or one step of the exchange took ``timeout``).
+            One of `_TRANSPORT_ERRORS`: no connection, a broken exchange, or a URL that is not http(s).
+        """
+        body = None if payload is None else json.dumps(payload).encode()
+        headers = {} if body is None else {"Content-Type": "application/json"}
+        timeouts = dict.fromkeys(("connect", "read", "write", "pool"), self.timeout)
+        with self._backend.within(self.timeout):
+            try:
+                return self._pool.request(
+                    method, f"{self.url}{path}", headers=headers, content=body, extensions={"timeout": timeouts}
+                )
+            except httpcore.TimeoutException as err:
+                raise type(err)(f"no complete answer within the request's deadline of {self.timeout:g} s") from err
 
     def _check_server(self) -> None:
         try:
-            health = self._client.get(f"{self.url}/health")
-            if health.status_code == 200:
-                limits = health.json() if "json" in health.headers.get("content-type", "") else {}
+            health = self._request("GET", "/health")
+            if health.status == 200:
+                content_type = dict((k.lower(), v) for k, v in health.headers).get(b"content-type", b"")
+                limits = json.loads(health.content) if b"json" in content_type else {}
                 if isinstance(limits, dict):
                     if isinstance(limits.get("max_batch"), int) and limits["max_batch"] > 0:
                         self.max_batch = min(self.max_batch, limits["max_batch"])
@@ -81,28 +199,28 @@ class HTTPRetriever(SharedIndex):
                         self.max_hits = limits["max_hits"]
                 return
             self._post({"queries": ["probe"], "topk": 1, "return_scores": True}, attempts=1)  # Search-R1: no /health
-        except (httpx.HTTPError, RuntimeError, ValueError) as err:
+        except (*_TRANSPORT_ERRORS, RuntimeError, ValueError) as err:
             raise ConnectionError(f"no retrieval server answers at {self.url} ({err}); {START_HINT}") from err
 
     def _post(self, payload: dict[str, Any], attempts: int | None = None) -> list:
         attempts = self.retries + 1 if attempts is None else attempts
         for attempt in range(attempts):
             try:
-                response = self._client.post(f"{self.url}/retrieve", json=payload)
-            except httpx.TransportError as err:  # connection refused/reset, timeouts
+                response = self._request("POST", "/retrieve", payload)
+            except _TRANSPORT_ERRORS as err:  # connection refused/reset, deadlines
                 failure: str = f"{type(err).__name__}: {err}"
                 hint = START_HINT
             else:
-                if response.status_code < 400:
-                    result = response.json().get("result")
+                text = response.content.decode("utf-8", "replace")
+                if response.status < 400:
+                    answer = json.loads(response.content)
+                    result = answer.get("result") if isinstance(answer, dict) else None
                     if not isinstance(result, list) or len(result) != len(payload["queries"]):
                         raise ValueError(f"{self.url}/retrieve answered without one result per query")
                     return result
-                if response.status_code < 500:
-                    raise RuntimeError(
-                        f"{self.url}/retrieve rejected the request ({response.status_code}): {response.text[:500]}"
-                    )
-                failure = f"HTTP {response.status_code}: {response.text[:200]}"
+                if response.status < 500:
+                    raise RuntimeError(f"{self.url}/retrieve rejected the request ({response.status}): {text[:500]}")
+                failure = f"HTTP {response.status}: {text[:200]}"
                 hint = "the server is up but failed: see its log"
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * 2**attempt)

@@ -1,38 +1,52 @@
-"""A small exact BM25 over a handful of passages, in pure Python.
+"""BM25 held in memory, without a JVM: the `bm25s` package behind the `Retriever` protocol.
 
-Used for the env's "distractor" setting, where each question is searched only against its own ten
-paragraphs: building a Lucene index per question would cost more than the episode. Same scoring as
-Lucene's BM25 (Robertson IDF with +1, k1=0.9, b=0.4 by default), simple lower-case word tokens.
+Two uses: the env's `retriever="bm25-python"` over a pooled corpus where no JDK is at hand (a GPU image), and
+the env's "distractor" setting, where each question is searched only against its own ten paragraphs (a Lucene
+index per question would cost more than the episode). Scoring is Lucene's BM25 (`bm25s` method "lucene":
+idf = log(1 + (N - df + 0.5) / (df + 0.5)), tf / (tf + k1 * (1 - b + b * len / avglen)); k1=0.9, b=0.4 as
+Pyserini's defaults) over Lucene's English analysis as `bm25s` ships it: lower-cased word tokens, Lucene's 33
+English stopwords, and the Snowball English stemmer (PyStemmer) where it is installed (Lucene's
+EnglishAnalyzer stems with Porter's; without PyStemmer words are not stemmed).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import re
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import bm25s
 import numpy as np
+from bm25s.stopwords import STOPWORDS_EN
 
 from retrievers.base import Passage
 from retrievers.corpus import Corpus
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_STOP = frozenset("a an and are as at be by for from has he in is it its of on that the to was were will with".split())
+_STOP = frozenset(STOPWORDS_EN)
+
+
+@functools.cache
+def _stemmer() -> Callable[[str], str] | None:
+    try:
+        import Stemmer
+    except ImportError:
+        return None
+    return functools.lru_cache(maxsize=1 << 20)(Stemmer.Stemmer("english").stemWord)
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens without common English stopwords."""
-    return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
+    """The index's terms of a text: lower-cased word tokens without Lucene's English stopwords, stemmed."""
+    stem = _stemmer()
+    words = [w for w in _WORD.findall(text.lower()) if w not in _STOP]
+    return [stem(w) for w in words] if stem is not None else words
 
 
 class InMemoryBM25:
-    """BM25 over passages held in memory.
+    """BM25 over passages held in memory (`bm25s`: a sparse matrix of each term's precomputed scores).
 
-    Each term's postings hold the passages with the term and their BM25 contributions, so a query costs the
-    length of its terms' postings (one numpy `bincount`), not a pass over the corpus: fast enough to search a
-    pooled corpus of tens of thousands of paragraphs where no JVM is at hand (`retriever="bm25-python"`). Its
-    ranking is not Lucene's: words are not stemmed and the stopword list is shorter.
+    A query costs its terms' postings, not a pass over the corpus: tens of thousands of questions a second over
+    the bundled corpus. Only passages that hold a query term are returned, best first, ties in passage order.
 
     Args:
         passages: (doc_id, title, text) triples; the title is indexed with the text.
@@ -42,23 +56,9 @@ class InMemoryBM25:
     def __init__(self, passages: Sequence[tuple[str, str, str]], k1: float = 0.9, b: float = 0.4) -> None:
         self.passages = list(passages)
         self.k1, self.b = k1, b
-        tfs = [Counter(tokenize(f"{title} {text}")) for _, title, text in self.passages]
-        lengths = [sum(tf.values()) for tf in tfs]
-        avg = (sum(lengths) / len(lengths)) if lengths else 0.0
-        norm = np.array([k1 * (1 - b + b * n / (avg or 1.0)) for n in lengths])  # (passages,)
-        postings: dict[str, tuple[list[int], list[int]]] = {}
-        for i, tf in enumerate(tfs):
-            for term, count in tf.items():
-                rows, counts = postings.setdefault(term, ([], []))
-                rows.append(i)
-                counts.append(count)
-        n = len(self.passages)
-        # per term: the passages that hold it and each one's BM25 contribution, idf * tf * (k1 + 1) / (tf + norm)
-        self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for term, (rows, counts) in postings.items():
-            idf = math.log(1 + (n - len(rows) + 0.5) / (len(rows) + 0.5))
-            tf, at = np.array(counts, dtype=np.float64), np.array(rows, dtype=np.int64)
-            self._postings[term] = (at, idf * tf * (k1 + 1) / (tf + norm[at]))
+        self._bm25 = bm25s.BM25(k1=k1, b=b, method="lucene")
+        if self.passages:
+            self._bm25.index([tokenize(f"{title} {text}") for _, title, text in self.passages], show_progress=False)
 
     @classmethod
     def for_corpus(cls, corpus: Corpus, k1: float = 0.9, b: float = 0.4) -> InMemoryBM25:
@@ -71,14 +71,10 @@ class InMemoryBM25:
     def search(self, query: str, k: int) -> list[Passage]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        # a repeated query term counts again, as in the sum over query terms; bincount adds each passage's
-        # contributions in query-term order, in float64
-        hits = [self._postings[t] for t in tokenize(query) if t in self._postings]
-        if not hits:
+        terms = [t for t in tokenize(query) if t in self._bm25.vocab_dict] if self.passages else []
+        if not terms:
             return []
-        scores = np.bincount(
-            np.concatenate([at for at, _ in hits]), np.concatenate([w for _, w in hits]), minlength=len(self.passages)
-        )
+        scores = self._bm25.get_scores(terms)  # (passages,); a repeated query term counts again
         found = np.flatnonzero(scores > 0)
         best = found[np.lexsort((found, -scores[found]))[:k]]  # highest score first, ties by passage order
         return [Passage(*self.passages[i], float(scores[i])) for i in best.tolist()]

@@ -18,7 +18,9 @@ Endpoints:
         UTF-16 surrogates in a query are replaced (U+FFFD) and the rest of the query is served.
     GET /health     -> {"status": "ok", "retriever": ..., "max_batch": ..., "max_topk": ..., "max_hits": ...}
 
-It binds 127.0.0.1 unless `--host` says otherwise: it has no authentication. Requests are served one at a
+It binds 127.0.0.1 unless `--host` says otherwise: it has no authentication. A command line it cannot serve (a
+missing or malformed corpus or index, a limit out of range, a port it cannot listen on) ends it with one line,
+``error: ...``, and exit status 2, before any index is built where it can be told earlier. Requests are served one at a
 time (the retriever is called under a lock); batch queries into one request for throughput, as Search-R1's
 trainer does.
 
@@ -31,13 +33,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+try:
+    from fastapi import FastAPI, HTTPException
+    from fastapi.responses import JSONResponse
+    from pydantic import BaseModel, ConfigDict, Field
+except ImportError as err:
+    raise ImportError("the retrieval server needs fastapi and uvicorn: pip install 'redcoda[server]'") from err
 
 from retrievers.base import Passage, QueryError, Retriever, clean_query
 
@@ -249,19 +256,58 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (the server has no authentication)")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        _exit_with(problem)
     if args.jvm_heap is not None:
         os.environ["REDCODA_JVM_HEAP"] = args.jvm_heap  # read when the JVM starts, in build_retriever
 
     import uvicorn
 
+    try:
+        retriever = build_retriever(args)
+    except (OSError, ValueError, ImportError) as err:  # their messages say what to fix: a traceback adds nothing
+        _exit_with(str(err))
     app = create_app(
-        build_retriever(args),
+        retriever,
         default_topk=args.topk,
         max_topk=args.max_topk,
         max_batch=args.max_batch,
         max_hits=args.max_hits,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What makes the command line unservable, checked before the index is built (None when nothing does)."""
+    if not 0 <= args.port <= 65535:
+        return f"--port must be in [0, 65535] (0: any free port), got {args.port}"
+    for name in ("topk", "max_topk", "max_batch", "max_hits"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    if args.topk > args.max_topk:
+        return f"--topk ({args.topk}) must be <= --max-topk ({args.max_topk})"
+    for name in ("cache_size", "hnsw"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+    if not Path(args.corpus).is_file():
+        return f"--corpus: no corpus file at {args.corpus}"
+    for name in ("index", "bm25_index", "dense_index"):
+        if getattr(args, name) is not None and not Path(getattr(args, name)).exists():
+            return f"--{name.replace('_', '-')}: no index at {getattr(args, name)}"
+    try:  # a port in use (or a host that is not this machine's) fails now, not after minutes of index building
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as err:
+        reason = str(err.strerror or err).split(" (while attempting")[0]  # the address is in the message already
+        return f"cannot listen on {args.host}:{args.port} ({reason}); choose another --port or --host"
+    return None
+
+
+def _exit_with(message: str) -> NoReturn:
+    """End the command with `message` as one line and exit status 2 (a usage error)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""The tiny-preset runs that tests/test_distributed.py plays in one process and under torchrun in two.
+"""The tiny-preset runs that tests/test_distributed.py and tests/test_sharded_checkpoint.py play in one process
+and under torchrun in two.
 
-    torchrun --nproc-per-node 2 tests/distributed_runs.py OUT_DIR     # every run below, in OUT_DIR/<name>
+    torchrun --nproc-per-node 2 tests/distributed_runs.py OUT_DIR           # `RUNS`, in OUT_DIR/<name>
+    torchrun --nproc-per-node 2 tests/distributed_runs.py OUT_DIR sharded   # `SHARDED_RUNS`
 
 Each run is a function of its run directory, so the test plays the same function in its own process for the
 one-process reference. GRPO's runs replace the tiny random model's rewards (all -3: every advantage would be
@@ -11,12 +13,21 @@ one-process reference. GRPO's runs replace the tiny random model's rewards (all 
 from __future__ import annotations
 
 import dataclasses
+import json
+import random
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from algos import distributed
+from algos.checkpoint import rng_state
 from algos.config import preset_config
 from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
 from algos.trainer import Trainer
@@ -69,6 +80,34 @@ class VaryingRewardsPPO(SmallEpsPPO):
         return super().make_batch(_varied(trajectories))
 
 
+class RankDraws(VaryingRewards):
+    """`VaryingRewards` whose ranks draw a different amount from the global RNGs (torch, Python, NumPy) each step, as
+    dropout over each rank's own micro-batches would, so the ranks' streams part. Each rank's RNG states are recorded
+    where a checkpoint takes them and right after a resume, in ``<run_dir>_rng/<when>_rank<r>.pt``."""
+
+    def train_step(self) -> dict[str, float]:
+        draws = 1 + self.world.rank
+        torch.rand(draws)
+        np.random.rand(draws)
+        for _ in range(draws):
+            random.random()
+        return super().train_step()
+
+    def save(self) -> Path | None:
+        self._record(f"saved_step{self.step}")
+        return super().save()
+
+    def load(self, path: Any) -> list[dict[str, Any]]:
+        restored = super().load(path)
+        self._record(f"resumed_step{self.step}")
+        return restored
+
+    def _record(self, when: str) -> None:
+        out = self.run_dir.with_name(self.run_dir.name + "_rng")
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(rng_state(), out / f"{when}_rank{self.world.rank}.pt")
+
+
 def _train(trainer: SmallEpsTrainer) -> None:
     try:
         trainer.train()
@@ -109,36 +148,63 @@ def ppo_fsdp(run_dir: Path) -> None:
     ppo(run_dir, fsdp=True)
 
 
+def red_grpo_config(run_dir: Path, **overrides: Any) -> Any:
+    """The red_grpo runs' settings (the tiny preset, a weight average), with `overrides`."""
+    return preset_config(
+        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, weight_average=AVERAGE, **overrides
+    )
+
+
 def red_grpo(run_dir: Path) -> None:
     """GRPO + RED, 2 steps, its final model the weight average (``--weight-average``)."""
-    config = preset_config(
-        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, weight_average=AVERAGE
-    )
-    _train(VaryingRewards(config))
+    _train(RankDraws(red_grpo_config(run_dir)))
 
 
 def red_grpo_resumed(run_dir: Path) -> None:
     """GRPO + RED: 1 step, stop, then --resume to step 2 (the weight average resumes too)."""
-    config = preset_config(
-        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, weight_average=AVERAGE
-    )
-    _train(VaryingRewards(dataclasses.replace(config, steps=1)))
-    _train(VaryingRewards(dataclasses.replace(config, resume=True)))
+    config = red_grpo_config(run_dir)
+    _train(RankDraws(dataclasses.replace(config, steps=1)))
+    _train(RankDraws(dataclasses.replace(config, resume=True)))
+
+
+def red_grpo_step1(run_dir: Path) -> None:
+    """GRPO + RED stopped after step 1 (of 2): a checkpoint to resume elsewhere."""
+    _train(RankDraws(red_grpo_config(run_dir, steps=1)))
+
+
+def red_grpo_fsdp(run_dir: Path) -> None:
+    """`red_grpo` with the model sharded (``--fsdp``): 2 steps without a stop, each checkpoint sharded. Then the
+    weights of step 1's checkpoint are read back as the final model's selection does (each rank its shards), and
+    written whole to ``<run_dir>_step1_reloaded.safetensors``."""
+    trainer = RankDraws(red_grpo_config(run_dir, fsdp=True))
+    try:
+        trainer.train()
+        trainer.load_weights(run_dir / "checkpoints" / "step_000001")
+        names = [name for name, p in trainer.policy.named_parameters() if p.requires_grad]
+        weights = distributed.full_state_dict(trainer.policy, names)  # a collective: rank 0 gets them
+        if trainer.world.is_main:
+            save_file(weights, run_dir.with_name(run_dir.name + "_step1_reloaded.safetensors"))
+    finally:
+        trainer.close()
 
 
 def red_grpo_fsdp_resumed(run_dir: Path) -> None:
     """`red_grpo_resumed` with the model sharded (``--fsdp``); the run directory after step 1 is kept as
     ``<run_dir>_step1``, for a resume by another number of processes."""
-    config = preset_config(
-        "tiny", algo="red_grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=True, weight_average=AVERAGE
-    )
-    _train(VaryingRewards(dataclasses.replace(config, steps=1)))
+    config = red_grpo_config(run_dir, fsdp=True)
+    _train(RankDraws(dataclasses.replace(config, steps=1)))
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
         shutil.copytree(run_dir, run_dir.with_name(run_dir.name + "_step1"))
     dist.barrier()
-    _train(VaryingRewards(dataclasses.replace(config, resume=True)))
+    _train(RankDraws(dataclasses.replace(config, resume=True)))
+
+
+def red_grpo_plain_to_fsdp(run_dir: Path) -> None:
+    """--resume under ``--fsdp`` of the whole-tensor checkpoint one process left in `run_dir` after step 1
+    (`red_grpo_step1`, run by the test beforehand), to step 2."""
+    _train(RankDraws(red_grpo_config(run_dir, fsdp=True, resume=True)))
 
 
 RUNS = {
@@ -149,21 +215,49 @@ RUNS = {
     "sft_fsdp": sft_fsdp,
     "grpo_fsdp": grpo_fsdp,
     "ppo_fsdp": ppo_fsdp,
-    "red_grpo_fsdp_resumed": red_grpo_fsdp_resumed,
 }
-"""What the two-process launch plays (red_grpo is the one-process reference of red_grpo_resumed)."""
+"""What the two-process launch plays for tests/test_distributed.py (red_grpo is the one-process reference of
+red_grpo_resumed)."""
+
+SHARDED_RUNS = {
+    "red_grpo_fsdp": red_grpo_fsdp,
+    "red_grpo_fsdp_resumed": red_grpo_fsdp_resumed,
+    "red_grpo_plain_to_fsdp": red_grpo_plain_to_fsdp,
+}
+"""What the two-process launch plays for tests/test_sharded_checkpoint.py."""
 
 
-def main(out: Path) -> None:
+def checkpoint_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, Any]]]:
+    """A checkpoint's tensors under one process's names, whatever its layout: the weights as weights.safetensors
+    names them (``average/`` and ``learner/`` prefixes) and the optimizer state by parameter index.
+
+    A sharded checkpoint is read whole by torch's own converter (``dcp_to_torch_save``), not by the code under test;
+    its optimizer state is keyed by parameter name, put in index order by the saved parameter groups.
+    """
+    if not (path / "shards").is_dir():
+        return load_file(path / "weights.safetensors"), torch.load(path / "optimizer.pt", weights_only=True)["state"]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path / "shards", Path(tmp) / "whole.pt")
+        whole = torch.load(Path(tmp) / "whole.pt", weights_only=True)
+    parts = (("model", ""), ("average", "average/"), ("learner", "learner/"))
+    weights = {prefix + name: t for part, prefix in parts for name, t in whole.get(part, {}).items()}
+    groups = json.loads((path / "state.json").read_text())["optimizer_groups"]
+    order = [name for group in groups for name in group["params"]]
+    return weights, {i: whole["optimizer"][name] for i, name in enumerate(order)}
+
+
+def main(out: Path, group: str = "") -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")  # one group for every run (a trainer leaves a group it did not make)
     try:
-        for name, run in RUNS.items():
+        for name, run in (SHARDED_RUNS if group == "sharded" else RUNS).items():
             run(out / name)
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:])

@@ -120,3 +120,57 @@ def test_tiny_model_batches_record_sampling_logprobs(bm25):
     assert batch["group_id"].tolist() == [0, 0, 1, 1]
     collector.update_policy_weights_()  # the HF sampler shares the model object: nothing to copy
     collector.shutdown()
+
+
+def test_torchrl_code_can_drive_it_as_a_collector(bm25, tokenizer):
+    """Iteration, next(), len(), hooks and a TorchRL replay buffer, as TorchRL code uses its own collectors."""
+    from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
+
+    hooks = []
+    collector = RolloutCollector(
+        env_fn(bm25),
+        OracleAgent(tokenizer),
+        questions_per_batch=2,
+        group_size=2,
+        total_batches=3,
+        indices=range(20),
+        pre_collect_hook=lambda: hooks.append("pre"),
+        post_collect_hook=lambda batch: hooks.append(batch.batch_size[0]),
+    )
+    assert len(collector) == 3 and collector.total_frames == 12 and collector.frames_per_batch == 4
+    first = collector.next()  # BaseCollector's next(): one batch from its iterator
+    assert isinstance(first, TensorDict) and first.batch_size == torch.Size([4])
+    buffer = ReplayBuffer(storage=LazyTensorStorage(16), batch_size=3)
+    buffer.extend(first)
+    sample = buffer.sample()
+    assert sample.batch_size == torch.Size([3]) and set(sample.keys()) >= {"input_ids", "loss_mask", "reward"}
+    rest = list(collector)  # the base class's iteration goes on from the collector's state
+    assert len(rest) == 2 and collector.batches_done == 3
+    episodes = ReplayBuffer(storage=ListStorage(16))  # batches of unequal padded lengths: one row per item
+    for batch in rest:
+        for row in batch.unbind(0):
+            episodes.add(row)
+    assert len(episodes) == 8 and len(buffer) == 4
+    assert hooks == ["pre", 4] * 3
+    assert collector.next() is None  # total_batches reached
+    collector.shutdown()
+    with pytest.raises(RuntimeError):
+        len(RolloutCollector(env_fn(bm25), OracleAgent(tokenizer), questions_per_batch=1, group_size=1))
+
+
+def test_weights_reach_a_sampler_in_every_form_torchrl_passes():
+    from agents.collector import _named_tensors
+
+    module = torch.nn.Linear(2, 3)
+    expected = {name: value for name, value in module.state_dict().items()}
+    forms = [
+        module,
+        module.state_dict(),
+        list(module.named_parameters()),
+        TensorDict({"weight": module.weight.detach(), "bias": module.bias.detach()}, []),
+    ]
+    for form in forms:
+        got = dict(_named_tensors(form))
+        assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+    nested = dict(_named_tensors(TensorDict({"layer": {"weight": module.weight.detach()}}, [])))
+    assert list(nested) == ["layer.weight"]

@@ -157,3 +157,29 @@ def test_data_and_run_directory_faults_are_one_line_errors(tmp_path, capsys):
         grpo.main(["--preset", "tiny", "--run-dir", str(tmp_path / "c"), "--resume"])
     assert exit_info.value.code == 1
     assert "no checkpoint in" in _last_line(capsys.readouterr().err)
+
+
+def test_summary_table_in_a_log_file_keeps_long_rows_on_one_line(capsys, tmp_path):
+    from algos.run import print_summary
+
+    run_dir = tmp_path / ("a-run-directory-with-a-long-name-" * 3)
+    summary = {
+        "run": "red_grpo-seed0",
+        "algo": "red_grpo",
+        "window": 10,
+        "steps": 77,
+        "wall_time_s": 1836.0,
+        "process_wall_time_s": 1900.0,
+        "reward_first": -3.0,
+        "reward_last": -1.5,
+        "f1_first": 0.0,
+        "f1_last": 0.2,
+        "sft_weight_last": 1.0,
+        "checkpoint": str(run_dir / "checkpoint"),
+        "final_model": str(run_dir / "final"),
+        "metrics": str(run_dir / "metrics.jsonl"),
+    }
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) > 80  # not wrapped at a terminal's 80 columns
+    assert any(str(run_dir / "final") in line for line in out.splitlines())

@@ -188,11 +188,16 @@ def test_pure_python_bm25_searches_the_pooled_corpus_without_a_jvm():
     avg = sum(lengths) / len(lengths)
 
     def term(tf: int, df: int, length: int) -> float:
+        # Lucene's BM25 (since Lucene 8 without the constant (k1 + 1) factor); bm25s scores in float32
         idf = math.log(1 + (len(passages) - df + 0.5) / (df + 0.5))
-        return idf * tf * 1.9 / (tf + 0.9 * (1 - 0.4 + 0.4 * length / avg))
+        return idf * tf / (tf + 0.9 * (1 - 0.4 + 0.4 * length / avg))
 
-    assert hits[0].score == pytest.approx(term(1, 1, lengths[0]) + term(1, 2, lengths[0]), rel=1e-12)
-    assert hits[1].score == pytest.approx(term(2, 2, lengths[1]), rel=1e-12)
+    assert tokenize("the capital of France") == ["capit", "franc"]  # Lucene's stopwords, Snowball stems
+    assert hits[0].score == pytest.approx(term(1, 1, lengths[0]) + term(1, 2, lengths[0]), rel=1e-6)
+    assert hits[1].score == pytest.approx(term(2, 2, lengths[1]), rel=1e-6)
+    assert retriever.search("capitals of France", 10) == hits  # stemmed: plural and singular are one term
+    twice = retriever.search("capital capital of France", 10)[0].score
+    assert twice == pytest.approx(2 * term(1, 1, lengths[0]) + term(1, 2, lengths[0]), rel=1e-6)
 
 
 def test_top_k_and_passage_length_are_arguments():
@@ -404,7 +409,8 @@ def test_a_hung_server_times_out_as_the_env_arguments_say(serve_app):
     url, stop = serve_app(app)
     try:
         env = make(retriever=url, retriever_timeout=0.2, retriever_retries=1)
-        assert (env.unwrapped.retriever.timeout, env.unwrapped.retriever.retries) == (0.2, 1)
+        client = env.unwrapped.retriever.inner  # the shared client, behind the envs' shared query cache
+        assert (client.timeout, client.retries) == (0.2, 1)
         env.reset(options={"index": 0})
         obs, *_, info = env.step("<search>Ed Wood</search>")
         assert "Search failed" in obs and "failed 2 time(s)" in info["retrieval_error"]
@@ -500,3 +506,78 @@ def test_the_class_docstring_example_prints_what_it_says():
     [test] = finder.find(RAGEnv, "RAGEnv", globs={})
     result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
     assert result.attempted >= 8 and result.failed == 0
+
+
+def test_spaces_hash_consistently_with_equality():
+    from envs.spaces import UnicodeText
+
+    env = make()
+    assert hash(env.action_space) == hash(UnicodeText(env.action_space.max_length))
+    assert {env.action_space: "action"}[UnicodeText(env.action_space.max_length)] == "action"
+    assert UnicodeText(10) != UnicodeText(11) and len({UnicodeText(10), UnicodeText(10), UnicodeText(11)}) == 2
+
+
+@pytest.mark.parametrize(
+    ("fmt", "suffix"),
+    [("search-r1", ".parquet"), ("search-r1", ".jsonl"), ("flashrag", ".jsonl"), ("flashrag", ".parquet")],
+)
+def test_exported_search_r1_and_flashrag_files_read_back_as_the_same_questions(tmp_path, fmt, suffix):
+    import subprocess
+    import sys
+
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow", reason="parquet files need pyarrow (pip install pyarrow)")
+    out = tmp_path / f"hotpotqa_dev{suffix}"
+    subprocess.run(
+        [sys.executable, "-m", "envs.export", "--split", "dev", "--format", fmt, "--out", str(out)], check=True
+    )
+    original = make(split="dev").unwrapped.examples
+    env = make(data_path=str(out))
+    read = env.unwrapped.examples
+    assert [(e.id, e.question, e.answers) for e in read] == [(e.id, e.question, e.answers) for e in original]
+    obs, info = env.reset(options={"index": 7})
+    assert original[7].question in obs
+    *_, info = env.step(f"<answer>{original[7].answer}</answer>")
+    assert info["f1"] == 1.0
+
+
+def test_search_r1_rows_with_only_a_reward_target_load(tmp_path):
+    row = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": "Question: who wrote Hamlet?"}],
+        "question": "who wrote Hamlet?",
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["William Shakespeare", "Shakespeare"]}},
+        "extra_info": {"split": "train", "index": 0},
+    }
+    path = tmp_path / "nq.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (example,) = make(data_path=str(path)).unwrapped.examples
+    assert example.answers == ("William Shakespeare", "Shakespeare") and example.dataset == "nq"
+    assert example.id == "0"
+
+
+def test_pure_python_bm25_keeps_the_retriever_contract(hotpot_corpus, check_retriever):
+    from retrievers.inmemory import InMemoryBM25
+
+    retriever = InMemoryBM25.for_corpus(hotpot_corpus)
+    check_retriever(retriever, ["Who directed Ed Wood?", "Scott Derrickson nationality", "capitals of France"], 5)
+    assert retriever.search("Ed Wood film", 1)[0].title == "Ed Wood (film)"
+    assert retriever.search("the of and", 3) == [] and retriever.batch_search([], 3) == []
+    assert InMemoryBM25([]).search("Ed Wood", 3) == []
+
+
+def test_vector_autoreset_keeps_each_env_on_its_groups_question_when_asked():
+    def play(**kwargs):
+        vec = gym.make_vec("RedCoda-HotpotQA-v0", num_envs=4, vectorization_mode="sync", **kwargs)
+        vec.reset(seed=0, options={"index": 5})
+        asked = []
+        for _ in range(3):
+            *_, terminated, _, info = vec.step(("<answer>yes</answer>",) * 4)
+            assert all(terminated)
+            obs, *_, info = vec.step(("<answer>yes</answer>",) * 4)  # the autoreset step: each env starts anew
+            asked.append(list(info["index"]))
+        vec.close()
+        return asked
+
+    assert play(autoreset_same_question=True) == [[5] * 4] * 3
+    assert any(indices != [5] * 4 for indices in play())  # the default: a question drawn with np_random

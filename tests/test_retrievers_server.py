@@ -266,3 +266,28 @@ def test_server_command_line(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_quieted_http_clients_log_no_line_per_search(server_url, caplog):
+    """Under a root logger at INFO, httpx logs each request; after `quiet_http_logs` a search logs nothing."""
+    import logging
+
+    import httpx
+
+    from algos.logs import QUIET_LOGGERS, quiet_http_logs
+
+    body = {"queries": ["Ed Wood"], "topk": 2, "return_scores": True}
+    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    for name in QUIET_LOGGERS:  # as in a fresh process (an earlier in-process run may have quieted them already)
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    caplog.set_level(logging.INFO)
+    try:
+        httpx.post(f"{server_url}/retrieve", json=body, timeout=30).raise_for_status()
+        assert any(r.name == "httpx" and r.levelno == logging.INFO for r in caplog.records)  # what we quiet
+        caplog.clear()
+        quiet_http_logs()
+        assert httpx.post(f"{server_url}/retrieve", json=body, timeout=30).json()["result"][0]
+        assert not [r for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

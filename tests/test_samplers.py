@@ -343,3 +343,22 @@ def test_closing_tags_are_restored_when_the_server_drops_them():
     assert _restore_stop("done", stops, ...) == "done"
     assert _restore_stop("<answer>b", stops, None) == "<answer>b"  # vLLM: ended on a token
     assert _restore_stop("<answer>b", stops, "</answer>") == "<answer>b</answer>"
+
+
+def test_evaluate_scores_a_served_model_as_it_scores_the_model_itself(tiny, server_url, tmp_path):
+    """`benchmarks.evaluate --sampler openai`: a served model's episodes in the real env, greedy, start with the same
+    replies as the same model sampled in process."""
+    from benchmarks.evaluate import evaluate
+
+    model, tokenizer = tiny
+    tokenizer.save_pretrained(tmp_path)  # the served model's tokenizer, read from the directory --model names
+    common = dict(limit=2, batch=2, max_new_tokens=12, max_context_tokens=512, progress=False)
+    common["env_kwargs"] = {"corpus": "distractor"}
+    served = evaluate(
+        "search_r1", str(tmp_path), sampler="openai", sampler_url=server_url, served_model="tiny", **common
+    )
+    local = evaluate("search_r1", (model, tokenizer), **common)
+    assert served["n"] == 2
+    for a, b in zip(served["predictions"], local["predictions"], strict=True):
+        # the first reply of each episode; later turns differ where the served text re-tokenizes other ids
+        assert a["actions"][0] == b["actions"][0] and a["index"] == b["index"]

@@ -2,10 +2,10 @@
 
 Every comparison runs the same calls on a sampler with the dynamic cache and one with static buffers, with the
 same seeds: the sampled tokens must be identical and the log-probs within 1e-5, absolute or relative (CPU,
-float32; the attention sums in another order). Rows end at
-different steps (the stop string "k", which about one random token in twenty holds), so finished rows leave
-their slots and the live ones are gathered into smaller row buckets; later turns reuse the keys and values the
-static path kept.
+float32; the attention sums in another order). The sampling comparisons run on a tiny Llama and on a tiny Qwen2
+(biases on q, k and v; `tests/test_qwen2.py` has the rest of Qwen2's). Rows end at different steps (the stop
+string "k", which about one random token in twenty holds), so finished rows leave their slots and the live ones
+are gathered into smaller row buckets; later turns reuse the keys and values the static path kept.
 """
 
 from __future__ import annotations
@@ -37,6 +37,12 @@ TOLERANCE = 1e-5
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def policy(request, tiny):
+    """(model, tokenizer): the shared tiny Llama, or a tiny Qwen2 of the same shape with non-zero q, k, v biases."""
+    return tiny if request.param == "llama" else tiny_model(seed=0, architecture="qwen2")
+
+
 @pytest.fixture(scope="module")
 def prompts(tiny):
     _, tokenizer = tiny
@@ -65,8 +71,8 @@ def test_buckets():
     ],
     ids=["t1", "greedy", "top_p", "row_seeds"],
 )
-def test_static_steps_sample_what_the_dynamic_cache_samples(tiny, prompts, params):
-    model, tokenizer = tiny
+def test_static_steps_sample_what_the_dynamic_cache_samples(policy, prompts, params):
+    model, tokenizer = policy
     dynamic = HFSampler(model, tokenizer)
     static = HFSampler(model, tokenizer, decode="static")
     contexts = [list(p) for p in prompts]
@@ -83,8 +89,8 @@ def test_static_steps_sample_what_the_dynamic_cache_samples(tiny, prompts, param
     assert static.cached_sequences == dynamic.cached_sequences
 
 
-def test_prefixes_shared_within_a_call_are_reused_by_static_steps(tiny):
-    model, tokenizer = tiny
+def test_prefixes_shared_within_a_call_are_reused_by_static_steps(policy):
+    model, tokenizer = policy
     instructions = tokenizer("Answer the question by searching. " * 8, add_special_tokens=False)["input_ids"]
     x, y = (tokenizer(q, add_special_tokens=False)["input_ids"] for q in (" Who wrote Dune?", " Where is Paris?"))
     prompts = [instructions + x, instructions + x, instructions + y]
@@ -140,10 +146,10 @@ def test_narrow_linear_is_f_linear():
 
 
 @pytest.mark.parametrize("narrow_rows", [0, 16], ids=["f_linear", "narrow"])
-def test_few_row_products_on_a_cpu_sample_the_same(tiny, prompts, narrow_rows):
+def test_few_row_products_on_a_cpu_sample_the_same(policy, prompts, narrow_rows):
     """On a CPU the static steps compute products of at most `narrow_rows` rows as W @ x^T (faster there): the
     samples are the dynamic cache's either way (16 rows covers every bucket here; 0 none)."""
-    model, tokenizer = tiny
+    model, tokenizer = policy
     params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=3, stop=("k",))
     expected = HFSampler(model, tokenizer, narrow_rows=0).generate(prompts, params)
     static = HFSampler(model, tokenizer, decode="static", narrow_rows=narrow_rows)
@@ -173,8 +179,9 @@ def test_static_decoding_refuses_wrapped_linear_layers():
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
-    model, tokenizer = tiny_model(seed=0)
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts, architecture):
+    model, tokenizer = tiny_model(seed=0, architecture=architecture)
     model = model.cuda()
     params = SamplingParams(max_new_tokens=32, temperature=0.0, stop=("k",))
     graphs = HFSampler(model, tokenizer, decode="graphs")
@@ -190,14 +197,16 @@ def test_cuda_graphs_sample_what_the_dynamic_cache_samples(prompts):
 
 
 def _perturb(model: torch.nn.Module) -> None:
-    """A large in-place change of every matrix, the same tensors kept (as an optimizer step keeps them). Not a
-    sign flip: negating every matrix of a Llama model gives the same logits (the norms and products cancel it)."""
+    """A large in-place change of every matrix and then of every bias (Qwen2's), the same tensors kept (as an optimizer
+    step keeps them). Not a sign flip: negating every matrix of a Llama model gives the same logits (the norms and
+    products cancel it)."""
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(7)
+    parameters = dict(model.named_parameters())
+    matrices = [p for p in parameters.values() if p.ndim == 2]
     with torch.no_grad():
-        for weight in model.parameters():
-            if weight.ndim == 2:
-                noise = torch.randn(weight.shape, generator=generator, device=weight.device)
-                weight.add_(noise * weight.std())
+        for weight in matrices + [p for name, p in parameters.items() if name.endswith(".bias")]:
+            noise = torch.randn(weight.shape, generator=generator, device=weight.device)
+            weight.add_(noise * weight.std())
 
 
 @pytest.mark.gpu
@@ -223,12 +232,12 @@ def test_cuda_graphs_follow_weights_updated_in_place_under_autocast(prompts):
     assert [c.token_ids for c in got] != [c.token_ids for c in before]  # the update changed what is sampled
 
 
-def test_under_autocast_the_buffers_hold_what_the_attention_reads(tiny, prompts):
+def test_under_autocast_the_buffers_hold_what_the_attention_reads(policy, prompts):
     """Under bfloat16 autocast the attention reads bfloat16 keys and values: the buffers hold them so, half the
     bytes a step reads, and the samples stay the dynamic cache's; kept rows go back as the dynamic cache keeps
     them, so a later call reuses them either way. The log-probs differ in bfloat16's rounding of the attention's
     sums (0.033 at most here; float32 buffers gave the same figure, the attention casting them to bfloat16)."""
-    model, tokenizer = tiny
+    model, tokenizer = policy
     params = SamplingParams(max_new_tokens=16, temperature=0.0, stop=("k",))
     dynamic, static = HFSampler(model, tokenizer), HFSampler(model, tokenizer, decode="static")
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -245,11 +254,12 @@ def test_under_autocast_the_buffers_hold_what_the_attention_reads(tiny, prompts)
     assert static.reused_tokens == dynamic.reused_tokens > 0
 
 
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-def test_the_step_weights_follow_in_place_updates(prompts, autocast):
+def test_the_step_weights_follow_in_place_updates(prompts, autocast, architecture):
     """The static step reads its own stacked (and, under autocast, cast) copies of the weights, refreshed at each
     call: after an in-place update (an optimizer step) the next call samples what the updated model samples."""
-    model, tokenizer = tiny_model(seed=3)
+    model, tokenizer = tiny_model(seed=3, architecture=architecture)
     # in bf16 a few steps: further on, rounding alone parts static and dynamic greedy rows of this random model
     params = SamplingParams(max_new_tokens=4 if autocast else 12, temperature=0.0)
     static, dynamic = HFSampler(model, tokenizer, decode="static"), HFSampler(model, tokenizer)
@@ -262,6 +272,7 @@ def test_the_step_weights_follow_in_place_updates(prompts, autocast):
     assert [c.token_ids for c in got] != [c.token_ids for c in before]
     copies = static._static._weights[0]
     assert copies.qkv.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert (copies.qkv_bias is None) == (architecture == "llama") and copies.gate_up_bias is None
     assert copies.qkv.shape[0] == sum(
         p.weight.shape[0]
         for p in (

@@ -196,7 +196,7 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
     url, stop = serve_app(create_app(bm25))
     trainer = _trainer(tmp_path, "dead", algo="grpo", retriever=url, retriever_timeout=5, retriever_retries=0)
     try:
-        assert trainer.collector.envs[0].unwrapped.retriever.retries == 0
+        assert trainer.collector.envs[0].unwrapped.retriever.inner.retries == 0  # the client behind the query cache
         trainer.collector.agent = OracleAgent(trainer.tokenizer)  # a policy that always searches
         infos = [t.info for t in trainer.collector.collect()]
         assert sum(i["num_searches"] for i in infos) > 0 and trainer.check_retrieval(infos) == (0, 0.0)

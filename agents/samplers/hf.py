@@ -295,12 +295,12 @@ class HFSampler(TokenizerContext):
             docstring); None picks 4 with two or more torch threads and 3 with one, 0 turns it off.
         decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
             cache that grows and sheds rows (any model). "graphs": one CUDA graph replay per step over static
-            key/value buffers (`agents.samplers.static_decode`; Llama-architecture models on a CUDA device), for
+            key/value buffers (`agents.samplers.static_decode`; Llama, Qwen2 or Mistral models on a CUDA device), for
             GPUs, where a small model's step is bound by launching its kernels. "static": the same steps without
             graphs (any device); on a CPU the fastest, since a step is fewer operations than the model's forward
             and its few-row products take the W @ x^T form too (batch-1 decode 1.33x, 4 rows 1.25x; see
             `benchmarks/README.md`). "auto": static on a CPU where the model allows it (`static_decode.supports`:
-            plain Llama-architecture layers, no LoRA wrappers), else dynamic.
+            plain Llama, Qwen2 or Mistral layers, no sliding window, no LoRA wrappers), else dynamic.
     """
 
     def __init__(

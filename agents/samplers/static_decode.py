@@ -25,10 +25,17 @@ gate and up as another, copies the decoder keeps and refreshes in place at the s
 bfloat16). In-place weight updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the
 copies, or the weights, by address. Each graph keeps its logits output (rows x vocabulary floats) alive.
 
-The step reproduces the decoder layer of Llama-architecture models (SmolLM2's, `supports`) in fewer operations
-than the model's own forward (a graph replays every kernel it captured, and at 64 rows most of a step's GPU time
-is the kernels' count, not their work): one product for q, k and v and one for gate and up, the rotary embedding
-of q and k in one go, the norms as `F.rms_norm`; SmolLM2-135M's step went from 1,704 to 976 top-level operations.
+The step reproduces the Llama decoder layer (pre-norm RMS norms, rotary attention with grouped-query heads, a SwiGLU
+MLP) in fewer operations than the model's own forward (a graph replays every kernel it captured, and at 64 rows most
+of a step's GPU time is the kernels' count, not their work): one product for q, k and v and one for gate and up, the
+rotary embedding of q and k in one go, the norms as `F.rms_norm`; SmolLM2-135M's step went from 1,704 to 976
+top-level operations. Three architectures have that layer (`SUPPORTED_MODEL_TYPES`): Llama (SmolLM2), Qwen2
+(Qwen2.5, whose q, k and v projections have biases: stacked too, one addition after the stacked product) and
+Mistral. Biases are added wherever a layer has them (Llama's `attention_bias` and `mlp_bias` too); a bias-free
+model's step has no extra operation. `supports` refuses, with a reason, what the step does not compute:
+sliding-window attention on any layer (Qwen2's `use_sliding_window`, Mistral's `sliding_window`), layers with other
+parameters (Qwen3's query and key norms), rotary embeddings rescaled by the sequence length, and linear layers
+wrapped by LoRA or quantization.
 Grouped-query attention for one new token is computed as `kv_heads` heads of `groups` query rows each, which
 needs no repeated keys. On a CPU the same step runs without graphs (`graphs=False`): slower than the dynamic cache
 (attention over the whole column bucket), and there so that tests can check that static decoding samples
@@ -45,31 +52,79 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 logger = logging.getLogger(__name__)
 
 COLUMN_BUCKET = 256
 """Key/value columns come in multiples of this: a call attends over its need rounded up to it."""
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama"})
-"""`config.model_type`s whose decoder layer `_step` reproduces (norm, attention with rotary embeddings, MLP)."""
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
+"""`config.model_type`s whose decoder layer is Llama's up to biases and a sliding window, both of which `supports`
+checks per model. Named, not recognised by their modules: look-alike layers with the same module names compute
+other things (Granite scales the residuals and the logits, Gemma's norms multiply by 1 + weight)."""
+
+_LAYER_PARAMETERS = frozenset(
+    {"input_layernorm.weight", "post_attention_layernorm.weight"}
+    | {
+        f"{linear}.{kind}"
+        for linear in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        + ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        for kind in ("weight", "bias")
+    }
+)
+"""The parameters of a decoder layer that `_step` reads; a layer with any other computes something the step skips."""
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether `_step` reproduces this model's forward pass (a Llama-architecture causal LM)."""
+    """Whether `_step` reproduces this model's forward pass (a Llama, Qwen2 or Mistral causal LM without a sliding
+    window; `SUPPORTED_MODEL_TYPES`)."""
+    return _refusal(model) is None
+
+
+def _refusal(model: torch.nn.Module) -> str | None:
+    """Why `_step` would not compute this model's forward pass, or None when it would."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
+    kind = getattr(config, "model_type", type(model).__name__)
     if not (
-        getattr(config, "model_type", None) in SUPPORTED_MODEL_TYPES
+        kind in SUPPORTED_MODEL_TYPES
         and inner is not None
         and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
         and hasattr(model, "lm_head")
-        and hasattr(inner.norm, "variance_epsilon")  # an RMS norm, which `_norm` computes
     ):
-        return False
+        return (
+            f"static decoding reproduces Llama-architecture decoder layers (model types "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}: SmolLM2's, Qwen2.5's), not {kind!r}"
+        )
+    if wrapped := _wrapped_linears(model):
+        name, module = wrapped[0]
+        return (
+            f"static decoding reads plain linear weights, and {len(wrapped)} of this model's linear layers are wrapped "
+            f"({name} is a {type(module).__name__}: LoRA adapters?); merge them first"
+        )
+    unread = sorted({name for layer in inner.layers for name, _ in layer.named_parameters()} - _LAYER_PARAMETERS)
+    if unread:
+        return f"this model's decoder layers have parameters the static step does not apply: {', '.join(unread[:4])}"
+    norms = [
+        inner.norm,
+        *(n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)),
+    ]
+    if other := [norm for norm in norms if not hasattr(norm, "variance_epsilon")]:  # `_norm` computes RMS norms
+        return f"static decoding computes RMS norms, and this model has a {type(other[0]).__name__}"
+    # The model's own cache tells where attention is windowed (a sliding or chunked layer keeps only its window);
+    # a window set in the config but on no layer (Qwen2's max_window_layers >= layers) changes nothing.
+    windowed = [i for i, layer in enumerate(DynamicCache(config=config).layers) if type(layer) is not DynamicLayer]
+    if windowed:
+        return (
+            f"static decoding attends over every column, and this model's layers {windowed[:4]} use sliding-window "
+            f"attention (window {getattr(config, 'sliding_window', None)})"
+        )
     # rotary embeddings that rescale with the sequence length read it on the host: not a fixed-shape step
     rope = str(getattr(inner.rotary_emb, "rope_type", "default"))
-    return "dynamic" not in rope and rope != "longrope" and not _wrapped_linears(model)
+    if "dynamic" in rope or rope == "longrope":
+        return f"static decoding needs fixed rotary embeddings, and this model's ({rope!r}) rescale with the length"
+    return None
 
 
 def _wrapped_linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -108,10 +163,19 @@ class _LayerWeights:
     into another (fewer, larger matrix products: a decode step of a small model is bound by its kernel count)."""
 
     qkv: torch.Tensor  # (heads + 2 kv_heads) * head_dim, hidden
-    qkv_bias: torch.Tensor | None
+    qkv_bias: torch.Tensor | None  # Qwen2's; None where the projections have none (Llama's default)
     o: torch.Tensor
     gate_up: torch.Tensor  # 2 * intermediate, hidden
+    gate_up_bias: torch.Tensor | None  # Llama's with mlp_bias
     down: torch.Tensor
+
+
+def _stacked_bias(linears: tuple[torch.nn.Linear, ...], stacked: Callable[..., torch.Tensor]) -> torch.Tensor | None:
+    """The biases of `linears` stacked as their weights are (`stacked` makes the copy), or None where none has a
+    bias: a bias-free model's step then adds nothing."""
+    if all(m.bias is None for m in linears):
+        return None
+    return stacked(*(m.weight.new_zeros(m.weight.shape[0]) if m.bias is None else m.bias for m in linears))
 
 
 def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -144,9 +208,10 @@ def _step(
 ) -> torch.Tensor:
     """One decode step of a Llama-architecture model over static key/value buffers; returns (b, vocab) logits.
 
-    Computes what `LlamaForCausalLM.forward` computes for one token per row, with the row's keys and values written
-    in place, in fewer operations: q, k and v as one product, their rotary embedding applied to q and k at once,
-    gate and up as one product, the norms as `F.rms_norm` (the same formula, fused where the device has a kernel).
+    Computes what `LlamaForCausalLM.forward` (or Qwen2's, Mistral's: `supports`) computes for one token per row, with
+    the row's keys and values written in place, in fewer operations: q, k and v as one product (their biases, where
+    the model has them, added as one stacked vector), their rotary embedding applied to q and k at once, gate and up
+    as one product, the norms as `F.rms_norm` (the same formula, fused where the device has a kernel).
     `weights` and `lm_head` are the decoder's copies (`StaticDecoder._refresh_weights`); `linear` computes every
     product (`narrow_linear` for a CPU's few rows).
     """
@@ -168,7 +233,7 @@ def _step(
         out = F.scaled_dot_product_attention(query, layer_keys, layer_values, attn_mask=mask, scale=attn.scaling)
         hidden = hidden + linear(out.reshape(rows, -1), w.o, attn.o_proj.bias)
         mlp = layer.mlp
-        gate, up = linear(_norm(layer.post_attention_layernorm, hidden), w.gate_up, None).chunk(2, dim=-1)
+        gate, up = linear(_norm(layer.post_attention_layernorm, hidden), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
         hidden = hidden + linear(mlp.act_fn(gate) * up, w.down, mlp.down_proj.bias)
     return linear(_norm(inner.norm, hidden), lm_head, model.lm_head.bias)
 
@@ -182,25 +247,14 @@ class StaticDecoder:
     """Static key/value buffers and the decode-step graphs over them, kept by one sampler across its calls.
 
     Args:
-        model: a Llama-architecture causal LM (`supports`); never modified.
+        model: a Llama-architecture causal LM (Llama, Qwen2 or Mistral: `supports`); never modified.
         graphs: capture and replay each (rows, columns) bucket's step as a CUDA graph (the model must be on a
             CUDA device); False runs the same step eagerly.
     """
 
     def __init__(self, model: PreTrainedModel, *, graphs: bool) -> None:
-        if not supports(model):
-            kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-            if kind in SUPPORTED_MODEL_TYPES and hasattr(model, "model") and (wrapped := _wrapped_linears(model)):
-                name, module = wrapped[0]
-                raise ValueError(
-                    f"static decoding reads plain linear weights, and {len(wrapped)} of this model's linear layers "
-                    f"are wrapped ({name} is a {type(module).__name__}: LoRA adapters?); merge them first, or use "
-                    "the dynamic cache (decode='dynamic')"
-                )
-            raise ValueError(
-                f"static decoding reproduces Llama-architecture models (SmolLM2's), not {kind!r}; "
-                "use the dynamic cache (decode='dynamic') for this model"
-            )
+        if (reason := _refusal(model)) is not None:
+            raise ValueError(f"{reason}; use the dynamic cache (decode='dynamic') for this model")
         self.model = model
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
@@ -347,14 +401,14 @@ class StaticDecoder:
 
             for layer in self.model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-                bias = None if attn.q_proj.bias is None else stacked(*(m.bias for m in qkv))
+                qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
                 self._weights.append(
                     _LayerWeights(
                         qkv=stacked(*(m.weight for m in qkv)),
-                        qkv_bias=bias,
+                        qkv_bias=_stacked_bias(qkv, stacked),
                         o=own(attn.o_proj.weight),
-                        gate_up=stacked(mlp.gate_proj.weight, mlp.up_proj.weight),
+                        gate_up=stacked(*(m.weight for m in gate_up)),
+                        gate_up_bias=_stacked_bias(gate_up, stacked),
                         down=own(mlp.down_proj.weight),
                     )
                 )

@@ -1,0 +1,195 @@
+"""How much memory a training run needs on each device, estimated before it starts.
+
+`estimate` adds up, per device, what a step holds at its peak: the policy's weights, their gradients and AdamW's two
+moments (divided over the ranks under ``--fsdp``, whose sampling also holds the whole weights gathered), a frozen
+reference model when the KL term is on, the activations the backward pass keeps for one micro-batch
+(``micro_batch_tokens`` tokens; one layer's plus each layer's input under ``--gradient-checkpointing``), the logits
+of that micro-batch, and the sampler: the transformers sampler's key/value cache for its widest batch of rows at the
+full context, or the share of the GPU a vLLM engine is given. `check` compares the sum with the device's memory
+(a GPU's total, or the host's available memory shared by the ranks on it) and raises `DoesNotFit` in one line.
+
+The activation count per token and layer follows the usual accounting for a pre-norm decoder layer with fused
+attention (no (sequence x sequence) score matrix kept): the inputs of the norms, of the q/k/v, output, gate, up
+and down projections and of the activation function. It is an estimate: allocator fragmentation, temporary
+buffers and CUDA's own context (about 0.5 GiB) come on top, hence the margin `check` leaves.
+
+    python -m algos.memory --model Qwen/Qwen2.5-3B-Instruct --preset gpu --gradient-checkpointing
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1 << 30
+MARGIN = 0.9
+"""Share of a device's memory the estimate may fill (the rest: allocator fragmentation, temporaries, CUDA context)."""
+
+
+class DoesNotFit(RuntimeError):
+    """A run whose memory estimate exceeds its device's memory; the message says what would make it fit."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a decoder-only causal LM that its memory depends on."""
+
+    parameters: int
+    """Distinct parameters (tied embeddings counted once)."""
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    kv_dim: int
+    """Keys' width per token and layer: key/value heads x head size."""
+
+    @classmethod
+    def of(cls, model_config: Any, parameters: int | None = None) -> Shape:
+        """The shape of a Hugging Face model config; `parameters` counted on a meta-device copy when not given."""
+        hidden = int(model_config.hidden_size)
+        heads = int(model_config.num_attention_heads)
+        head_dim = int(getattr(model_config, "head_dim", None) or hidden // heads)
+        kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+        if parameters is None:
+            parameters = count_parameters(model_config)
+        return cls(
+            parameters=parameters,
+            layers=int(model_config.num_hidden_layers),
+            hidden=hidden,
+            intermediate=int(getattr(model_config, "intermediate_size", 4 * hidden)),
+            vocab=int(model_config.vocab_size),
+            kv_dim=kv_heads * head_dim,
+        )
+
+
+def count_parameters(model_config: Any) -> int:
+    """Distinct parameters of the model `model_config` builds, counted on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per device, by component."""
+
+    parts: dict[str, float]
+    device: str
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        """One line: the total and each part, in GiB."""
+        parts = ", ".join(f"{name} {value / GIB:.2f}" for name, value in self.parts.items() if value)
+        return f"{self.total / GIB:.2f} GiB per {self.device} ({parts})"
+
+
+def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None = None) -> Estimate:
+    """The memory one device needs for a run of `config` (an `algos.config.Config`) on a model of `shape`.
+
+    Args:
+        config: the run's settings (param_dtype, bf16, fsdp, gradient_checkpointing, micro_batch_tokens, sampler,
+            sampler_batch_size, questions_per_step, group_size, max_context_tokens, kl_coef).
+        shape: the model's sizes.
+        ranks: data-parallel ranks (the ``--fsdp`` shards and each rank's share of the rollouts).
+        trainable: parameters that train (LoRA: the adapter's); None: all of them.
+    """
+    param_bytes = 2 if config.param_dtype == "bfloat16" else 4
+    compute_bytes = 2 if (config.use_bf16 or config.param_dtype == "bfloat16") else 4
+    trainable = shape.parameters if trainable is None else trainable
+    shards = ranks if (config.fsdp and ranks > 1) else 1
+    parts: dict[str, float] = {
+        "weights": shape.parameters * param_bytes / shards,
+        "gradients": trainable * param_bytes / shards,
+        "optimizer": 2 * trainable * param_bytes / shards,  # AdamW's two moments, in the weights' dtype
+    }
+    if shards > 1:  # sampling and no-grad scoring hold the whole weights on every rank
+        parts["gathered weights"] = shape.parameters * param_bytes * (1 - 1 / shards)
+    if config.kl_coef > 0:
+        parts["reference model"] = shape.parameters * param_bytes
+    tokens = config.micro_batch_tokens
+    per_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate  # elements kept per token and layer
+    if config.gradient_checkpointing:
+        kept = shape.layers * shape.hidden + per_layer  # each layer's input, and one layer recomputed at a time
+    else:
+        kept = shape.layers * per_layer
+    parts["activations"] = tokens * kept * compute_bytes
+    parts["logits"] = tokens * shape.vocab * 4 * 2  # float32 logits and their log-softmax (or its gradient)
+    if config.sampler == "vllm":
+        parts["vllm engine"] = config.vllm_gpu_memory_utilization * device_memory(config.torch_device)
+    else:
+        rows = min(config.sampler_batch_size, max(1, config.questions_per_step * config.group_size // ranks))
+        kv = rows * config.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
+        parts["kv cache"] = kv + rows * shape.vocab * 4
+    return Estimate(parts, device=_device_name(config.torch_device))
+
+
+def device_memory(device: str) -> float:
+    """Bytes the device offers one rank: a GPU's total memory, or the host's available memory over its local ranks."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return float(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return _available_host_memory() / max(1, local_ranks)
+
+
+def _available_host_memory() -> float:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _device_name(device: str) -> str:
+    return "GPU" if device.startswith("cuda") else "CPU rank"
+
+
+def check(found: Estimate, capacity: float) -> None:
+    """Raise `DoesNotFit` when `found` exceeds `MARGIN` of `capacity` bytes, naming what would help."""
+    if found.total <= MARGIN * capacity:
+        return
+    hints = ["--gradient-checkpointing", "--fsdp over more GPUs", "--param-dtype bfloat16", "--lora"]
+    hints += ["a smaller --micro-batch-tokens", "a smaller --sampler-batch-size or --max-context-tokens"]
+    raise DoesNotFit(
+        f"the memory estimate, {found.describe()}, exceeds {MARGIN:.0%} of the {capacity / GIB:.1f} GiB this "
+        f"{found.device} has: try {', '.join(hints)} (or --no-memory-check to start anyway)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> Estimate:
+    """Print the estimate for a model and settings without loading weights (`--model` and the trainer's flags)."""
+    import argparse
+
+    from transformers import AutoConfig
+
+    from algos.config import parse_config
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (shards under --fsdp)")
+    known, rest = pre.parse_known_args(argv)
+    config = parse_config(rest, algo="red_grpo", description="The memory estimate of a run, per device.")
+    source = config.model
+    if source is None or source == "tiny":
+        from agents.models import ensure_smollm2_cache
+
+        source = str(ensure_smollm2_cache())
+    shape = Shape.of(AutoConfig.from_pretrained(source))
+    found = estimate(config, shape, ranks=known.ranks)
+    print(f"{source}: {shape.parameters / 1e9:.2f}B parameters; {found.describe()}")
+    return found
+
+
+if __name__ == "__main__":
+    main()

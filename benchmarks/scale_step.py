@@ -1,0 +1,171 @@
+"""One GRPO + RED step at the sizes users train: SmolLM2-135M, Qwen2.5-1.5B and Qwen2.5-3B shapes, side by side.
+
+Each shape is built from its published config with random weights (no download) over the SmolLM2 tokenizer (its
+ids lie inside every shape's vocabulary), saved as a local Hugging Face directory, and trained by the real entry
+point, `python -m algos.red_grpo`, in a process of its own for two steps (the first warms up: CUDA graphs, kernel
+selection, the allocator). Random weights tie every group's rewards, so GRPO's policy-gradient term is zero; RED's
+SFT term still runs the whole update (forward, backward and AdamW over every parameter), which is what is timed.
+The env uses the distractor corpus (no JVM, no index: retrieval is not what is measured here).
+
+For each shape it prints the second step's split (generation, env and retrieval, old log-probs, forward/backward,
+optimizer), the update's share of the step, peak GPU memory, sampled and trained tokens, and trajectories per GPU
+per second (the step's episodes over its wall time: every rank's episodes over the ranks).
+
+    python -m benchmarks.scale_step                                     # the three shapes, the gpu preset
+    python -m benchmarks.scale_step --shapes qwen2.5-3b -- --gradient-checkpointing --sampler vllm
+    python -m benchmarks.scale_step --shapes tiny --preset tiny         # a CPU smoke run of the script itself
+
+Flags after ``--`` go to the trainer unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # model_type and sizes as in each model's published config.json
+    "smollm2-135m": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "rope_theta": 100000.0,
+    },
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+    },
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+    },
+    "qwen2.5-3b": {
+        "model_type": "qwen2",
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+    },
+    "tiny": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    },
+}
+SPLIT = ("time/generation", "time/env_and_retrieval", "time/old_logp", "time/forward_backward", "time/optimizer")
+
+
+def build(shape: str, out: Path, max_context: int = 4096) -> Path:
+    """A random-weight model of `shape` with the SmolLM2 tokenizer, saved as a Hugging Face directory at `out`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agents.models import fix_pad_token, smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    sizes = dict(SHAPES[shape])
+    config = AutoConfig.for_model(
+        sizes.pop("model_type"),
+        **sizes,
+        max_position_embeddings=max_context,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if torch.cuda.is_available() else None)
+    fix_pad_token(model, tokenizer)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def run(shape: str, work: Path, preset: str, extra: Sequence[str]) -> dict[str, Any]:
+    """Two steps of `python -m algos.red_grpo` on `shape`; the second step's metrics row."""
+    model = build(shape, work / f"{shape}-model")
+    run_dir = work / f"{shape}-run"
+    command = [sys.executable, "-m", "algos.red_grpo", "--preset", preset, "--model", str(model)]
+    command += ["--corpus", "distractor", "--steps", "2", "--save-every", "0", "--eval-questions", "0"]
+    command += ["--validation-questions", "0", "--no-wandb", "--run-dir", str(run_dir), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"{shape}: the trainer exited {done.returncode}:\n{tail}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows[-1]
+
+
+def report(shape: str, row: dict[str, Any], ranks: int) -> str:
+    """One line: the step, its split, the update's share, memory, tokens and trajectories per GPU per second."""
+    step = row["time/step"]
+    update = row["time/forward_backward"] + row["time/optimizer"]
+    split = " ".join(f"{k.removeprefix('time/')} {row[k]:.2f}" for k in SPLIT)
+    memory = f"peak {row['memory/peak_gib']:.1f} GiB" if "memory/peak_gib" in row else "peak n/a (CPU)"
+    per_gpu = row.get("train/episodes", 0) / step / ranks
+    return (
+        f"{shape:<13} step {step:.2f} s ({split}); update {update / step:.0%}; {memory}; "
+        f"sampled {row['tokens/sampled']:.0f}, trained {row['tokens/trained']:.0f} tokens; "
+        f"{per_gpu:.2f} trajectories/GPU/s"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> list[str]:
+    args = list(sys.argv[1:] if argv is None else argv)
+    extra = args[args.index("--") + 1 :] if "--" in args else []
+    args = args[: args.index("--")] if "--" in args else args
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--shapes", nargs="+", choices=sorted(SHAPES), default=["smollm2-135m", "qwen2.5-1.5b", "qwen2.5-3b"]
+    )
+    parser.add_argument("--preset", default="gpu", choices=("gpu", "cpu", "tiny"))
+    parser.add_argument("--work", default=None, help="where the models and runs go (default: a temporary directory)")
+    options = parser.parse_args(args)
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(options.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for shape in options.shapes:
+            line = report(shape, run(shape, work, options.preset, extra), ranks)
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
+if __name__ == "__main__":
+    main()

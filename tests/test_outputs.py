@@ -1,0 +1,123 @@
+"""What a finished run publishes: final/'s model card and config, file modes, wandb's end-of-run keys, the upload."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from algos.config import Config, load_config_file, preset_config
+from algos.outputs import CARD_FILE, CONFIG_FILE, model_card
+
+FLAGS = ["--preset", "tiny", "--validation-questions", "2", "--wandb", "--push-to-hub", "user/tiny"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One tiny GRPO run with wandb offline and ``--push-to-hub``, `HfApi`'s two calls replaced by a recorder.
+
+    The recorder is the one stand-in of these tests: it keeps the arguments of `HfApi.create_repo` and
+    `HfApi.upload_folder` (and the files the folder held at that moment), so the test checks this project's call
+    up to the network, not the hub.
+    """
+    import huggingface_hub
+
+    from algos.grpo import main
+
+    run_dir = tmp_path_factory.mktemp("run")
+    calls: list[tuple[str, dict]] = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs):
+        folder = Path(kwargs["folder_path"])
+        files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        calls.append(("upload_folder", {**kwargs, "files": files}))
+        return "https://huggingface.co/user/tiny/commit/0"
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("WANDB_MODE", "offline")
+    patch.setenv("WANDB_DIR", str(run_dir))
+    patch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    patch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    try:
+        summary = main([*FLAGS, "--run-dir", str(run_dir)])
+    finally:
+        patch.undo()
+    return run_dir, summary, calls
+
+
+def test_final_has_a_model_card_with_the_held_out_table(finished_run):
+    run_dir, summary, _ = finished_run
+    text = (run_dir / "final" / CARD_FILE).read_text()
+    assert text.startswith("---\n")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["library_name"] == "transformers"
+    assert "base_model" not in front  # the tiny preset's model is random: there is no base to name
+    assert "grpo" in front["tags"] and front["datasets"] == ["hotpotqa/hotpot_qa"]
+    assert summary["evaluation"]["table"] in text  # written again after the evaluation
+    assert f"checkpoint of step {summary['validation']['selected_step']}" in text
+    assert "## Intended use and limits" in text
+
+
+def test_final_holds_the_run_config_that_reads_back(finished_run):
+    run_dir, _, _ = finished_run
+    saved = json.loads((run_dir / "final" / CONFIG_FILE).read_text())
+    assert saved["push_to_hub"] == "user/tiny" and saved["preset"] == "tiny"
+    assert (run_dir / CONFIG_FILE).read_text() == (run_dir / "final" / CONFIG_FILE).read_text()
+    expected = preset_config(
+        "tiny", algo="grpo", run_dir=str(run_dir), validation_questions=2, wandb=True, push_to_hub="user/tiny"
+    )
+    assert dataclasses.replace(Config(), **load_config_file(run_dir / "final" / CONFIG_FILE)) == expected
+
+
+def test_final_files_are_readable_by_everyone(finished_run):
+    run_dir, _, _ = finished_run
+    final = run_dir / "final"
+    assert stat.S_IMODE(final.stat().st_mode) == 0o755
+    for path in final.rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (0o755 if path.is_dir() else 0o644), path
+
+
+def test_push_to_hub_uploads_the_whole_final_directory(finished_run):
+    run_dir, _, calls = finished_run
+    assert [name for name, _ in calls] == ["create_repo", "upload_folder"]
+    assert calls[0][1]["repo_id"] == "user/tiny" and calls[0][1]["exist_ok"] is True
+    upload = calls[1][1]
+    assert upload["repo_id"] == "user/tiny" and Path(upload["folder_path"]) == run_dir / "final"
+    for name in (CARD_FILE, CONFIG_FILE, "model.safetensors", "config.json", "tokenizer.json"):
+        assert name in upload["files"], name
+
+
+def test_wandb_gets_the_end_of_run_tables_and_curves(finished_run):
+    """The offline run's files: its record log names every end-of-run key; tables and image are files it wrote."""
+    run_dir, _, _ = finished_run
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    (records,) = offline.glob("run-*.wandb")
+    logged = records.read_bytes()
+    for key in ("eval/before_after", "eval/rollouts", "eval/after/f1", "validation/scores", "validation/selected_step"):
+        assert key.encode() in logged, key
+    media = offline / "files" / "media"
+    assert list((media / "images").glob("curves_*.png"))
+    (before_after,) = (media / "table" / "eval").glob("before_after_*.table.json")
+    table = json.loads(before_after.read_text())
+    assert [row[0] for row in table["data"]] == ["before", "after"] and "f1/mean" in table["columns"]
+    (rollouts,) = (media / "table" / "eval").glob("rollouts_*.table.json")
+    table = json.loads(rollouts.read_text())
+    assert table["columns"] == ["question", "actions", "answer", "gold", "reward", "f1"]
+    assert len(table["data"]) == 4  # the tiny preset's held-out questions
+    assert list((media / "table" / "validation").glob("scores_*.table.json"))
+
+
+def test_the_card_names_the_base_model_and_says_when_no_evaluation_ran():
+    config = preset_config("cpu", algo="red_grpo")
+    text = model_card(config, steps=3)
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "coda" in front["tags"]  # the cpu preset trains the CoDA agent
+    assert "did not run" in text

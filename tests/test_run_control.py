@@ -1,0 +1,280 @@
+"""A run's control on a shared machine: the run directory's lock, SIGTERM and Ctrl-C, the torch thread count.
+
+The lock and signal tests run real processes: a real flock held by another process, real signals sent to a real
+tiny training run with the real Lucene retriever (its JVM in the process) and with the pure-Python BM25.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from algos import run_control
+from algos.checkpoint import find_latest, load_checkpoint
+from algos.run_control import CpuReading, TorchThreads, choose_threads, lock_run_dir, others_busy
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+WAIT_S = 600  # a bound against a hung test on a loaded machine, not a speed requirement
+
+
+# --- the run directory's lock --------------------------------------------------------------------------------------
+def _holder(run_dir: Path) -> subprocess.Popen:
+    """Another process that locks `run_dir` and holds it until killed."""
+    code = (
+        "import sys, time\n"
+        "from algos.run_control import lock_run_dir\n"
+        f"lock = lock_run_dir({str(run_dir)!r})\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
+def test_a_run_dir_locked_by_another_process_is_refused_until_that_process_dies(tmp_path):
+    run_dir = tmp_path / "run"
+    child = _holder(run_dir)
+    try:
+        with pytest.raises(run_control.RunDirInUse, match=rf"in use by another process \(pid {child.pid} on "):
+            lock_run_dir(run_dir)
+        with pytest.raises(run_control.RunDirInUse, match=rf"pid {child.pid} "):
+            lock_run_dir(run_dir, resume=True)
+    finally:
+        child.kill()  # SIGKILL: no cleanup runs, the lock file stays behind
+        child.wait()
+    assert f"pid {child.pid} " in (run_dir / ".lock").read_text()
+    lock = lock_run_dir(run_dir)  # the kernel dropped the dead process's lock: the stale file is locked again
+    try:
+        assert (run_dir / ".lock").read_text().startswith(f"pid {os.getpid()} on ")
+        assert lock_run_dir(run_dir) is lock  # one process opening its own run directory again shares the lock
+    finally:
+        lock.release()
+    child = _holder(run_dir)  # released: another process can take it
+    child.kill()
+    child.wait()
+
+
+def test_resuming_a_missing_run_dir_creates_nothing(tmp_path):
+    assert lock_run_dir(tmp_path / "none", resume=True) is None
+    assert not (tmp_path / "none").exists()
+
+
+# --- SIGTERM and Ctrl-C ------------------------------------------------------------------------------------------
+def _train() -> list[str]:
+    return [sys.executable, "-m", "algos.red_grpo", "--preset", "tiny", "--eval-questions", "0"]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _wait_for(condition, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert process.poll() is None, f"the run ended early ({process.returncode}):\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def _one_line(output: str, start: str) -> str:
+    assert "Traceback" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if line.startswith(start)]
+    assert len(lines) == 1, output[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("signum", "retriever"),
+    [(signal.SIGTERM, "bm25"), (signal.SIGINT, "bm25"), (signal.SIGTERM, "bm25-python")],
+    ids=["SIGTERM-lucene", "SIGINT-lucene", "SIGTERM-no-java"],
+)
+def test_a_signal_stops_after_the_step_saves_it_and_resume_goes_on_from_it(tmp_path, signum, retriever):
+    run_dir = tmp_path / "run"
+    # bm25 is Lucene in a JVM inside the process; bm25-python has no Java. --torch-threads 2 is honoured and logged
+    threads = "2" if retriever == "bm25-python" else "1"
+    flags = ["--retriever", retriever, "--steps", "50", "--save-every", "100", "--torch-threads", threads]
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen(
+            [*_train(), *flags, "--run-dir", str(run_dir)],
+            env=ENV,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for(lambda: len(_rows(run_dir)) >= 2, run, log)
+        if signum == signal.SIGTERM and retriever == "bm25":
+            # while it trains, a second run and a --resume on its directory are refused, touching nothing
+            first_row = (run_dir / "metrics.jsonl").read_text().splitlines()[0]
+            for extra in ([], ["--resume"]):
+                other = subprocess.run(
+                    [*_train(), *flags, *extra, "--run-dir", str(run_dir)],
+                    env=ENV,
+                    cwd=tmp_path,
+                    capture_output=True,
+                    text=True,
+                    timeout=WAIT_S,
+                )
+                assert other.returncode == 2, other.stderr[-3000:]
+                line = _one_line(other.stderr, "error: ")
+                assert f"{run_dir} is in use by another process (pid {run.pid} on " in line
+                assert other.stderr.strip().endswith(line)
+                assert (run_dir / "metrics.jsonl").read_text().splitlines()[0] == first_row
+        run.send_signal(signum)
+        returncode = run.wait(timeout=WAIT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    output = log.read_text()
+    assert returncode == 128 + signum, output[-3000:]
+    assert f"torch threads: {threads} (--torch-threads)" in output
+    steps = len(_rows(run_dir))
+    assert [row["step"] for row in _rows(run_dir)] == list(range(1, steps + 1))
+    latest = find_latest(run_dir / "checkpoints")
+    assert latest is not None and load_checkpoint(latest).step == steps  # the last finished step, saved
+    resume = f"python -m algos.red_grpo --preset tiny --eval-questions 0 {' '.join(flags)} --resume --run-dir {run_dir}"
+    name = signal.Signals(signum).name
+    line = _one_line(output, f"stopped by {name}")
+    assert line == f"stopped by {name} after step {steps} (checkpoint {latest}); continue with: {resume}"
+
+    # the command it prints goes on from that step (here one step more)
+    resumed = subprocess.run(
+        [*_train(), *flags, "--resume", "--run-dir", str(run_dir), "--steps", str(steps + 1)],
+        env=ENV,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {latest} at step {steps}" in resumed.stderr
+    assert [row["step"] for row in _rows(run_dir)] == list(range(1, steps + 2))
+    assert load_checkpoint(find_latest(run_dir / "checkpoints")).step == steps + 1
+    assert re.search(rf"torch threads +│ {threads} \(--torch-threads\)", resumed.stdout)  # the summary's row
+
+
+def test_a_signal_during_setup_ends_the_run_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:  # --torch-threads None: the automatic choice, logged at the start of setup
+        run = subprocess.Popen(
+            [*_train(), "--torch-threads", "None", "--run-dir", str(run_dir)],
+            env=ENV,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for(lambda: "torch threads: " in log.read_text(), run, log)
+        run.send_signal(signal.SIGTERM)
+        returncode = run.wait(timeout=WAIT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    output = log.read_text()
+    assert returncode == 143, output[-3000:]
+    assert "(automatic: other processes kept " in output
+    command = f"python -m algos.red_grpo --preset tiny --eval-questions 0 --torch-threads None --run-dir {run_dir}"
+    assert _one_line(output, "stopped by SIGTERM") == (
+        f"stopped by SIGTERM during setup, before any step; start it again with: {command}"
+    )
+    assert find_latest(run_dir / "checkpoints") is None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_jvm_leaves_the_signals_to_python(signum):
+    """Lucene's JVM, started after Python's handlers are in place, must not take them over (it would shut the
+    process down in the middle of a step): the handler sees the signal and the process goes on."""
+    code = (
+        "import os, time\n"
+        "from algos.run_control import StopSignals\n"
+        "from retrievers.bm25 import start_jvm\n"
+        "with StopSignals() as stop:\n"
+        "    start_jvm()\n"
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+        "    time.sleep(0.1)\n"
+        "print('flag', stop.signum, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=WAIT_S)
+    assert (done.returncode, done.stdout) == (0, f"flag {int(signum)}\n"), done.stderr[-3000:]
+
+
+def test_the_rerun_command_replaces_run_dir_and_resume():
+    args = ["--preset", "tiny", "--run-dir", "a b", "--resume", "--steps", "3", "--run-dir=c"]
+    command = run_control.rerun_command(args, Path("x"), resume=True)
+    assert command.endswith("--preset tiny --steps 3 --resume --run-dir x")
+    assert run_control.rerun_command(["--no-resume"], Path("x"), resume=False).endswith(" --run-dir x")
+
+
+# --- torch's CPU threads ------------------------------------------------------------------------------------------
+def _reading(wall: float, others: float, own: float, cores: int = 2) -> CpuReading:
+    """A reading after `wall` seconds during which other processes used `others` CPU seconds and this one `own`."""
+    return CpuReading(wall=wall, busy=others + own, total=cores * wall, own=own)
+
+
+def test_the_rule_leaves_other_processes_their_cores():
+    assert [choose_threads(2, load) for load in (0.0, 0.4, 0.6, 1.0, 1.6, 2.0, 5.0)] == [2, 2, 1, 1, 1, 1, 1]
+    assert choose_threads(8, 2.2) == 6
+    # the load over a window counts every second of it: one core busy for 1 s of 30 s is 1/30 of a core
+    assert others_busy(_reading(0, 0, 0), _reading(30, 1.0, 30.0), cores=2) == pytest.approx(1 / 30)
+    assert others_busy(_reading(0, 0, 0), _reading(30, 30.0, 30.0), cores=2) == pytest.approx(1.0)
+    assert others_busy(_reading(5, 0, 0), _reading(5, 1, 1), cores=2) is None  # an empty window decides nothing
+
+
+def test_a_spike_at_start_decides_only_until_the_first_recheck(caplog):
+    caplog.set_level(logging.INFO, logger="algos.run_control")
+    spike = (_reading(0.0, 0.0, 0.0), _reading(0.5, 0.9, 0.0))  # 0.5 s in which another process spun 1.8 cores
+    threads = TorchThreads(None, cores=2, recheck_s=30, start=spike, apply=False)
+    assert threads.threads == 1
+    assert "torch threads: 1 (automatic: other processes kept 1.8 of 2 cores busy over 0.5 s;" in caplog.text
+    assert not threads.recheck(_reading(20.5, 0.9, 20.0))  # too short a window: no decision yet
+    assert threads.recheck(_reading(40.5, 1.0, 40.0))  # then 0.1 core-s of other work in 40 s: every core again
+    assert threads.threads == 2 and "torch threads: 1 -> 2 (other processes kept 0.0 of 2 cores" in caplog.text
+    assert not threads.recheck(_reading(80.5, 5.0, 116.0))  # 4 core-s of 40 s: still idle enough
+    assert threads.recheck(_reading(120.5, 35.0, 156.0))  # another process on 3/4 of a core for 40 s
+    assert threads.threads == 1
+    assert threads.describe() == "1 (automatic, re-checked every 30 s: 1 at start, changed 2 time(s))"
+
+
+def test_torch_threads_given_are_kept_whatever_the_load(caplog):
+    import torch
+
+    caplog.set_level(logging.INFO, logger="algos.run_control")
+    before = torch.get_num_threads()
+    try:
+        threads = TorchThreads(3, recheck_s=1)
+        assert torch.get_num_threads() == 3 and "torch threads: 3 (--torch-threads)" in caplog.text
+        assert not threads.recheck(_reading(1e9, 1e9, 0.0))
+        assert torch.get_num_threads() == 3 and threads.describe() == "3 (--torch-threads)"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_counters_of_this_machine_read():
+    start = run_control.read_cpu()
+    assert start is not None and 0 <= start.busy <= start.total and start.own > 0
+    assert run_control.read_cpu("/no/such/file") is None
