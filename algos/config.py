@@ -302,7 +302,7 @@ class Config:
         check_finite(self)
         check_rules(self, _RULES)
         from envs import ENV_IDS
-        from envs.rag_env import RETRIEVER_KINDS
+        from retrievers.factory import RETRIEVER_KINDS
 
         if self.retriever not in RETRIEVER_KINDS and not self.retriever.startswith(("http://", "https://")):
             raise ValueError(

@@ -2,7 +2,7 @@
 
 Both models play ``config.eval_questions`` questions of ``config.eval_split`` greedily, in exactly the env the
 run trained in (`Config.env_kwargs` with only the split changed, the same turn limits, passage length,
-tokens per turn and context length), through `benchmarks.evaluate.evaluate`. The starting model's scores
+tokens per turn and context length), through `agents.evaluation.evaluate`. The starting model's scores
 depend only on those settings, so they are cached (``cache_root()/eval/``) and computed once per settings.
 
     result = before_after(trainer)          # {"before": ..., "after": ..., "table": "| model | ..."}
@@ -89,17 +89,17 @@ def score_held_out(
     """Score one model on the held-out questions of `config`, greedily, in its training env.
 
     Args:
-        model: a loaded ``(model, tokenizer)`` pair, a local directory or a hub id (as `benchmarks.evaluate`).
+        model: a loaded ``(model, tokenizer)`` pair, a local directory or a hub id (as `agents.evaluation.evaluate`).
         config: the run's `Config`: `held_out_settings` decides everything but the weights.
         label: the result's ``model`` field (default: the evaluator's name for `model`).
         validation: score these questions of the training split instead (`validation_settings`).
 
     Returns:
-        A `benchmarks.evaluate.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
+        An `agents.evaluation.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
         also gets ``num_tasks``), with ``settings`` added.
     """
+    from agents.evaluation import evaluate
     from algos import distributed
-    from benchmarks.evaluate import evaluate
 
     if validation is None:  # the held-out split's first N questions (as many as it has)
         settings = held_out_settings(config)
@@ -135,7 +135,7 @@ def score_held_out(
 
 def _metrics(predictions: list[dict[str, Any]], agent: str) -> dict[str, dict[str, float | int]]:
     """Each metric's mean and 95% interval over the per-question `predictions` (CoDA also: planner tasks)."""
-    from benchmarks.evaluate import METRICS, metric_intervals
+    from agents.evaluation import METRICS, metric_intervals
 
     names = [*METRICS, "num_tasks"] if agent == "coda" else list(METRICS)
     return {name: interval.as_dict() for name, interval in metric_intervals(predictions, names).items()}
@@ -167,7 +167,7 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     writes (the other ranks return an empty dict).
 
     Returns:
-        ``{"before", "after", "table", "settings"}``; before and after are `benchmarks.evaluate.evaluate`
+        ``{"before", "after", "table", "settings"}``; before and after are `agents.evaluation.evaluate`
         results (``metrics[name]`` is ``{"mean", "low", "high", "n"}``).
     """
     from algos import distributed
@@ -199,7 +199,7 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
 
 def format_before_after(before: dict[str, Any], after: dict[str, Any], config: Any) -> str:
     """The before/after table in Markdown: one row per model, mean [95% CI] per metric."""
-    from benchmarks.stats import Interval
+    from envs.stats import Interval
 
     names = [m for m in TABLE_METRICS if m in after["metrics"] and m in before["metrics"]]
     lines = [

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.trainer import main as train
+from algos.run import main as train
+from algos.trainer import Trainer
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train with GRPO; returns the run summary."""
-    return train(argv, algo="grpo", description=__doc__)
+    return train(argv, algo="grpo", description=__doc__, trainer_cls=Trainer)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ needs around it:
   `matched_passes` around the micro-batches, each rank writing its own checkpoint shards), rank 0 alone writing files
   (``self.world.is_main``).
 
-`main` is the entry points' shared body: parse the command line, train, and print a fault as one line
-(exit status 1; 2 for settings, data files, a run directory in use and a model that does not fit; 143 or 130
-after SIGTERM or SIGINT, once the step under way is checkpointed, with the command that resumes).
+`main` is the entry points' shared body: parse the command line, train the trainer class the entry point names,
+and print a fault as one line (exit status 1; 2 for settings, data files, a run directory in use and a model that
+does not fit; 143 or 130 after SIGTERM or SIGINT, once the step under way is checkpointed, with the command that
+resumes).
 """
 
 from __future__ import annotations
@@ -1071,7 +1072,7 @@ def main(
     *,
     algo: AlgoName,
     description: str | None = None,
-    trainer_cls: type[TrainingRun] | None = None,
+    trainer_cls: type[TrainingRun],
     config_cls: type[Config] = Config,
     **defaults: object,
 ) -> dict[str, Any]:
@@ -1087,7 +1088,9 @@ def main(
         argv: Arguments without the program name; None reads sys.argv.
         algo: grpo, grpo_sft, red_grpo, sft, ppo or archer.
         description: The entry point's ``--help`` text.
-        trainer_cls: The trainer to run (a learner with its own advantages and losses); None: `algos.trainer.Trainer`.
+        trainer_cls: The trainer to run: `algos.trainer.Trainer` (the GRPO family, SFT), or a learner with its own
+            advantages and losses (`algos.ppo.PPOTrainer`). The entry point names it, so that this module, which
+            the trainers build on, never imports one.
         config_cls: The settings class its command line parses (a learner's own extends `Config`).
         **defaults: The entry point's own defaults over the preset's (flags still override them).
     """
@@ -1096,10 +1099,6 @@ def main(
     quiet_http_logs()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if trainer_cls is None:
-        from algos.trainer import Trainer
-
-        trainer_cls = Trainer
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         try:

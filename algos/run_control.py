@@ -11,7 +11,7 @@ into a clean stop, and a torch thread count that follows the load of the machine
   finishes, a checkpoint of it is written, and the run ends with `Interrupted`: exit status 128 + the signal's
   number, 143 or 130, as a shell reports a process the signal ended); a second signal of either kind ends the
   process at once. During setup (``at_once``) the first signal already ends it: nothing has been trained yet. The
-  JVM of the BM25 retriever starts with ``-Xrs`` (`retrievers.bm25.start_jvm`), so it leaves both signals to Python.
+  JVM of the BM25 retriever starts with ``-Xrs`` (`retrievers.jvm.start_jvm`), so it leaves both signals to Python.
 - `TorchThreads`: torch's CPU thread count, chosen from what other processes keep the cores busy with, re-checked
   between steps (`choose_threads` is the rule).
 """

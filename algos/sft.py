@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from algos.config import PRESETS, argv_preset
-from algos.trainer import main as train
+from algos.run import main as train
+from algos.trainer import Trainer
 
 __all__ = ["SFT_DEFAULTS", "main", "sft_defaults"]
 
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    return train(args, algo="sft", description=__doc__, **sft_defaults(args))
+    return train(args, algo="sft", description=__doc__, trainer_cls=Trainer, **sft_defaults(args))
 
 
 if __name__ == "__main__":

@@ -67,11 +67,11 @@ from algos.batch import (
     trim_rows,
 )
 from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, sft_loss, total_loss
-from algos.run import TrainingRun, TrainingStopped, cpu_threads, lr_factor, main, make_weighting, sync
+from algos.run import TrainingRun, TrainingStopped, cpu_threads, lr_factor, make_weighting, sync
 from algos.sft_data import sample_indices
 from envs.metrics import episode_metrics
 
-__all__ = ["Trainer", "TrainingStopped", "cpu_threads", "lr_factor", "main", "make_weighting", "rewards_tied"]
+__all__ = ["Trainer", "TrainingStopped", "cpu_threads", "lr_factor", "make_weighting", "rewards_tied"]
 
 _LOGGED_AS = {
     "f1": "answer_f1/mean",

@@ -6,7 +6,7 @@
 
 For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
 never leaks into the next) on the same env, data order (the seed fixes it identically for every
-algorithm) and compute budget, then evaluates the final model with `benchmarks.evaluate` on the same
+algorithm) and compute budget, then evaluates the final model with `agents.evaluation.evaluate` on the same
 held-out questions (greedy). The start model (the untrained one, or `--init-model` / the
 `--warm-start-steps` model) is evaluated once on the same questions as the baseline.
 
@@ -60,7 +60,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from benchmarks.stats import mean_ci, paired_difference, paired_permutation_p
+from envs.stats import mean_ci, paired_difference, paired_permutation_p
 
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
 TABLE_METRICS = ("em", "f1", "answered", "num_searches", "invalid_actions", "format")

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import mean_ci
 from envs.rewards import is_yes_no, normalize_answer
+from envs.stats import mean_ci
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.stats import mean_ci
+from envs.stats import mean_ci
 
 
 def evaluate(

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.stats import best_seconds
+from benchmarks.timing import best_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_FILE = ROOT / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"

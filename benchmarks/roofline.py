@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.stats import best_seconds
+from benchmarks.timing import best_seconds
 
 TRAIN_SHARE_TARGET = 0.5
 DECODE_SHARE_TARGET = 0.5

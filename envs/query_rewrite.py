@@ -222,7 +222,7 @@ class QueryRewriteEnv(gym.Env[str, str]):
     | split | "train" | bundled split (hotpotqa: train or dev) |
     | data_path | None | a query file (JSON lines of query, relevant_doc_ids) instead of the bundled questions |
     | corpus_path | None | a corpus file (JSON lines of doc_id, text); needed with data_path unless retriever is given |
-    | retriever | None | None (BM25), a kind in `RETRIEVER_KINDS` ("bm25", "dense", ...), a URL, or a Retriever |
+    | retriever | None | None (BM25), a `retrievers.factory` kind ("bm25", "dense", ...), a URL, or a Retriever |
     | k | 5 | documents retrieved and scored |
     | action_format | "tag" | "tag" (query inside <query>...</query>) or "raw" (the action is the query) |
     | instructions | None | the task instructions; None: the default for the action format |
@@ -318,7 +318,7 @@ class QueryRewriteEnv(gym.Env[str, str]):
                 from retrievers.http import HTTPRetriever
 
                 return HTTPRetriever(retriever, timeout=timeout, retries=retries)
-            from envs.rag_env import make_retriever
+            from retrievers.factory import make_retriever
 
             return make_retriever(retriever, corpus)
         if not (callable(getattr(retriever, "search", None)) and callable(getattr(retriever, "batch_search", None))):

@@ -1,4 +1,4 @@
-"""Means with 95% confidence intervals, for benchmark tables.
+"""Means with 95% confidence intervals and paired tests: the statistics of evaluation tables.
 
 Two intervals for the mean of per-question scores (EM, F1, searches, ...):
 
@@ -12,14 +12,18 @@ Two intervals for the mean of per-question scores (EM, F1, searches, ...):
   questions is 0.980 [0.930, 0.994], where t gives [0.952, 1.008].
 
 `mean_ci` picks one by name (`method`); an evaluation's metrics take Wilson's for the rates
-(`benchmarks.evaluate.RATES`) and t for the rest.
+(`agents.evaluation.RATES`) and t for the rest.
 
 `paired_difference` gives the interval of a mean difference between two systems scored on the same
 questions (paired by question), which is much tighter than comparing two separate intervals;
 `paired_permutation_p` is its two-sided p-value under "no difference" (random sign flips of the per-question
 differences), which needs no normality.
 
-    from benchmarks.stats import mean_ci
+The held-out evaluation (`agents.evaluation`), the trainer's before/after table (`algos.evaluation`) and the
+benchmark scripts all take their intervals from here. Plain NumPy (SciPy for t quantiles, imported when first
+needed), no torch, so it sits beside the episode metrics (`envs.metrics`) below every layer that uses it.
+
+    from envs.stats import mean_ci
     ci = mean_ci([0.0, 1.0, 0.5, 1.0])
     print(ci)             # 0.625 [-0.136, 1.386] (n=4)
 """
@@ -27,8 +31,7 @@ differences), which needs no normality.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -186,15 +189,3 @@ def paired_permutation_p(
     signs = np.random.default_rng(seed).choice((-1.0, 1.0), size=(resamples, diff.size))
     flipped = np.abs((signs * diff).mean(axis=1))  # (resamples,)
     return float((1 + np.count_nonzero(flipped >= observed - 1e-12)) / (resamples + 1))
-
-
-def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:
-    """The fastest of `repeats` timed calls of `fn` (after one untimed call when `warmup`)."""
-    if warmup:
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from retrievers.corpus import cache_root
+from retrievers.jvm import JAVA_LOCK, start_jvm
 
 _NO_MORE_DOCS = 2**31 - 1  # Lucene's DocIdSetIterator.NO_MORE_DOCS
 _FIELD = "contents"
@@ -77,8 +78,6 @@ class BM25Matrix:
     @classmethod
     def from_lucene(cls, index_dir: str | os.PathLike, k1: float = 0.9, b: float = 0.4, cache: bool = True):
         """Read `index_dir`'s postings and norms and compute BM25(k1, b) contributions (cached on disk)."""
-        from retrievers.bm25 import JAVA_LOCK, start_jvm
-
         index_dir = Path(index_dir).resolve()
         segments = sorted(p.name for p in index_dir.glob("segments_*"))
         if not segments:
@@ -134,8 +133,6 @@ class BM25Matrix:
         time, so the joined text's tokens are the queries' tokens in order. If a query itself contains the
         separator, the count does not add up and each query is analyzed on its own.
         """
-        from retrievers.bm25 import JAVA_LOCK, start_jvm
-
         if self._analyzer is None:
             start_jvm()  # once, before the lock (start_jvm's own lock is always taken first)
         with JAVA_LOCK:

@@ -94,7 +94,7 @@ def build_bm25(
     Returns:
         The index directory; open it with `BM25Retriever(Corpus.from_jsonl(corpus), index_dir=out)`.
     """
-    from retrievers.bm25 import start_jvm
+    from retrievers.jvm import start_jvm
 
     start_jvm()
     from pyserini.index.lucene import LuceneIndexer

@@ -7,8 +7,8 @@ import pytest
 
 import envs  # noqa: F401  (registers the ids)
 from agents.oracle import OracleAgent
-from envs import rag_env
 from envs.batching import prefetch_searches
+from retrievers import factory
 from retrievers.server import create_app
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -33,9 +33,9 @@ class CountingApp:
 def close_server_clients():
     """Close the shared clients of this test's servers: the next test's server may get a freed port."""
     yield
-    for client in rag_env._SERVERS.values():
+    for client in factory._SERVERS.values():
         getattr(client, "inner", client).close()
-    rag_env._SERVERS.clear()
+    factory._SERVERS.clear()
 
 
 @pytest.fixture(scope="module")

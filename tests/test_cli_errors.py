@@ -92,7 +92,7 @@ def test_settings_that_cannot_run_are_refused_at_parse_time(argv, message, capsy
 
 
 def test_server_urls_and_every_retriever_kind_pass():
-    from envs.rag_env import RETRIEVER_KINDS
+    from retrievers.factory import RETRIEVER_KINDS
 
     for retriever in (*RETRIEVER_KINDS, "http://127.0.0.1:8000", "https://search.example.org/retrieve"):
         assert parse_config(["--preset", "tiny", "--retriever", retriever], algo="grpo").retriever == retriever

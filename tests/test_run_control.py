@@ -212,7 +212,7 @@ def test_the_jvm_leaves_the_signals_to_python(signum):
     code = (
         "import os, time\n"
         "from algos.run_control import StopSignals\n"
-        "from retrievers.bm25 import start_jvm\n"
+        "from retrievers.jvm import start_jvm\n"
         "with StopSignals() as stop:\n"
         "    start_jvm()\n"
         f"    os.kill(os.getpid(), {int(signum)})\n"

@@ -346,9 +346,9 @@ def test_closing_tags_are_restored_when_the_server_drops_them():
 
 
 def test_evaluate_scores_a_served_model_as_it_scores_the_model_itself(tiny, server_url, tmp_path):
-    """`benchmarks.evaluate --sampler openai`: a served model's episodes in the real env, greedy, start with the same
-    replies as the same model sampled in process."""
-    from benchmarks.evaluate import evaluate
+    """`evaluate(sampler="openai")` (`benchmarks.evaluate --sampler openai`): a served model's episodes in the real
+    env, greedy, start with the same replies as the same model sampled in process."""
+    from agents.evaluation import evaluate
 
     model, tokenizer = tiny
     tokenizer.save_pretrained(tmp_path)  # the served model's tokenizer, read from the directory --model names

@@ -133,6 +133,7 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
         main(
             ["--preset", "tiny", "--micro-batch-tokens", "100000000", "--run-dir", str(tmp_path / "run")],
             algo="red_grpo",
+            trainer_cls=Trainer,
         )
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
