@@ -1,7 +1,7 @@
 """The algorithm comparison: GRPO vs GRPO + fixed SFT vs GRPO + RED on the same env, seeds and budget.
 
     python -m benchmarks.compare --algos grpo grpo_sft red_grpo --seeds 3 --budget cpu --threads 1
-    python -m benchmarks.compare --budget gpu --protocol coda --out benchmarks/results/compare-gpu-coda
+    python -m benchmarks.compare --budget gpu --protocol coda --out runs/compare-gpu-coda
     python -m benchmarks.compare --algos red_grpo grpo_sft grpo_sft:sft_coef=0.4 --seeds 3   # a variant as a system
 
 For every (algorithm, seed) it trains with `python -m algos.<algo>` (a subprocess, so one run's memory
@@ -571,9 +571,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="override the budget's training steps")
     parser.add_argument("--eval-limit", type=int, default=None, help="override the budget's held-out questions")
     parser.add_argument("--protocol", choices=("flat", "coda"), default="flat")
-    parser.add_argument(
-        "--out", default=None, help="results folder (default benchmarks/results/compare-<budget>-<protocol>)"
-    )
+    parser.add_argument("--out", default=None, help="results folder (default runs/compare-<budget>-<protocol>)")
     parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the untrained model")
     parser.add_argument("--train-arg", action="append", default=[], help="extra trainer flag (repeatable)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every training and evaluation")
@@ -607,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         budget.eval_batch,
         (*budget.train_args, *args.train_arg),
     )
-    out = Path(args.out or f"benchmarks/results/compare-{args.budget}-{args.protocol}")
+    out = Path(args.out or f"runs/compare-{args.budget}-{args.protocol}")  # raw outputs stay out of the source tree
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if args.warm_start_steps > 0:
         warm = out / "runs" / "warm-start"
