@@ -202,7 +202,7 @@ class TrainingRun:
                 config.sampler,
                 model=self.policy,
                 tokenizer=self.tokenizer,
-                source=self.model_source(),
+                source=config.model,  # vLLM builds from it (None: the bundled model, which VLLMSampler resolves)
                 max_context=max_context,
                 max_batch_size=config.sampler_batch_size,
                 seed=config.seed,
@@ -303,14 +303,6 @@ class TrainingRun:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model, tokenizer
-
-    def model_source(self) -> str | None:
-        """Where a sampler with its own engine (vLLM) builds the model from: the run's directory or hub id."""
-        from agents.models import DEFAULT_MODEL, ensure_smollm2_cache
-
-        if self.config.model is None or str(self.config.model).lower() == DEFAULT_MODEL:
-            return str(ensure_smollm2_cache())
-        return None if self.config.model == "tiny" else str(self.config.model)
 
     def check_memory(self) -> None:
         """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.memory`)."""
