@@ -19,7 +19,10 @@ The number of searches therefore varies (one when the first results already hold
 already shown (not for yes/no questions, whose evidence rule already asks for both gold passages), so the second
 query names the bridge entity wherever it can, up to ``max_searches``. With ``restate_question`` every answering
 turn first copies the question it answers (the executor's: its task) into ``<think>``, so the answer is written
-right after the words that say what is asked, not three passages away from them. An episode
+right after the words that say what is asked, not three passages away from them. With ``min_searches`` 2 it
+searches a second time before answering even when the first results already show the answer (a missing gold title
+named in what it read, else the named gold title that holds the answer): every episode then has the same shape, so
+the second search is the model's most likely move after the first results, not a choice it must learn. An episode
 is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
 shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded episodes only.
 CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that the
@@ -139,6 +142,8 @@ class OracleAgent(ContextAgent):
             answer is already shown (see the module docstring).
         restate_question: answering turns open with ``<think>`` and the question they answer (see the module
             docstring).
+        min_searches: searches per episode (flat) or per task (coda) before the oracle answers, where a query it
+            can copy remains (see the module docstring).
     """
 
     def __init__(
@@ -150,6 +155,7 @@ class OracleAgent(ContextAgent):
         quote_words: int = 12,
         follow_bridge: bool = False,
         restate_question: bool = False,
+        min_searches: int = 1,
     ) -> None:
         if quote_words < 0:
             raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
@@ -160,6 +166,7 @@ class OracleAgent(ContextAgent):
         self.quote_words = quote_words
         self.follow_bridge = follow_bridge
         self.restate_question = restate_question
+        self.min_searches = min_searches
         self.max_context_tokens = 1 << 30
         self.params = self.executor_params = SamplingParams(max_new_tokens=0)
         self._plans: dict[tuple[int, str], _Plan] = {}
@@ -238,9 +245,13 @@ class OracleAgent(ContextAgent):
         copyable = [_base_title(t) for t in missing if _contains(seen, _base_title(t))]
         quote = self._evidence(plan, example)
         follow = self.follow_bridge and copyable and plan.searches > 0 and not is_yes_no(answer)
-        if (quote is None or follow) and plan.searches < self.max_searches:
+        again = [] if plan.searches >= self.min_searches else copyable or self._named_golds(plan, example, seen)
+        if (quote is None or follow or again) and plan.searches < self.max_searches:
             if plan.searches == 0:
                 query = question
+            elif again and quote is not None:  # answer shown: search on (a missing gold, else the one holding it)
+                query = again[0]
+                plan.queried.update(t for t in example.gold_titles if _base_title(t) == query)
             else:
                 if not missing:
                     return self._answer(plan, answer, None, question)
@@ -250,6 +261,14 @@ class OracleAgent(ContextAgent):
             plan.searches += 1
             return f"<think>I need to search.</think>\n<search>{query}</search>"
         return self._answer(plan, answer, quote, question)
+
+    @staticmethod
+    def _named_golds(plan: _Plan, example: QAExample, seen: str) -> list[str]:
+        """Gold titles (without disambiguation) not yet queried that `seen` names, the one holding the answer first."""
+        holds = [any(_contains(plan.shown.get(t, ""), a) for a in example.answers) for t in example.gold_titles]
+        ordered = [t for t, h in zip(example.gold_titles, holds, strict=True) if h]
+        ordered += [t for t, h in zip(example.gold_titles, holds, strict=True) if not h]
+        return [_base_title(t) for t in ordered if t not in plan.queried and _contains(seen, _base_title(t))]
 
     def _answer(self, plan: _Plan, answer: str, quote: str | None, question: str) -> str:
         plan.grounded = quote is not None

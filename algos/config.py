@@ -250,6 +250,9 @@ class Config:
     follow_bridge: bool = False
     """Demonstrations search a missing gold title that the question or the results name even when the answer is
     already shown, so the second query names the bridge entity wherever it can (`agents.oracle`)."""
+    min_searches: int = 1
+    """Demonstrations search at least this many times per episode (flat) or task (coda) before answering, where a
+    query copied from the question or the results remains: 2 makes every episode search twice (`agents.oracle`)."""
     restate_question: bool = False
     """Demonstrations open each answering turn with <think> and the question it answers (the executor's: its task),
     so the answer is written right after the words that say what is asked (`agents.oracle`)."""
@@ -717,6 +720,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("top_k", at_least(1), ">= 1"),
     ("max_passage_words", at_least(1), ">= 1"),
     ("max_search_turns", at_least(1), ">= 1"),
+    ("min_searches", at_least(1), ">= 1 (searches the demonstrations make before answering, where they can)"),
     ("max_planner_turns", at_least(1), ">= 1"),
     ("num_questions", at_least(1), ">= 1"),
     ("retriever_timeout", positive, "> 0"),

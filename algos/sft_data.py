@@ -65,6 +65,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         **({"quote_words": config.quote_words} if config.quote_words != Config.quote_words else {}),  # default: old key
         **({"follow_bridge": True} if config.follow_bridge else {}),
         **({"restate_question": True} if config.restate_question else {}),
+        **({"min_searches": config.min_searches} if config.min_searches != 1 else {}),
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -101,6 +102,7 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
         quote_words=config.quote_words,
         follow_bridge=config.follow_bridge,
         restate_question=config.restate_question,
+        min_searches=config.min_searches,
     )
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:

@@ -28,6 +28,7 @@ the rest); ``--out`` writes one JSON line per question.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dataset", default="hotpotqa")
     parser.add_argument("--split", default=None, help="default: dev (a run's eval_split)")
     parser.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument(
+        "--first", type=int, default=0, help="question index to start at: --first 100 --limit 100 scores 100-199"
+    )
     parser.add_argument("--eval-batch-size", type=int, default=None, help="episodes per batched rollout (default 32)")
     parser.add_argument("--batch", dest="eval_batch_size", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0)
@@ -146,9 +150,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--served-model", default=None, help="openai: the model name the server expects (--model)")
     parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
+    parser.add_argument(
+        "--result", default=None, help="write the whole result here (JSON), as benchmarks.first_search reads it"
+    )
     args = parser.parse_args(argv)
     if args.max_turns is not None and args.max_search_turns is not None:
         parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
+    if args.first and args.limit is None:
+        parser.error("--first needs --limit (how many questions from there)")
     if args.threads:
         import torch
 
@@ -207,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sampler=args.sampler,
         sampler_url=args.sampler_url,
         served_model=args.served_model,
+        indices=range(args.first, args.first + args.limit) if args.first else None,
     )
     print(
         f"{agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
@@ -217,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"  {name:<16} {interval.format(3)}")
     if args.out:
         print(f"wrote {result['n']} predictions to {args.out}")
+    if args.result:
+        settings = {"agent": agent, "env_kwargs": env_kwargs, "max_new_tokens": max_new_tokens, "seed": args.seed}
+        Path(args.result).write_text(json.dumps({**result, "settings": settings}, default=str))
+        print(f"wrote the result to {args.result}")
     return result
 
 
