@@ -3,27 +3,20 @@ actions, each with a 95% CI.
 
 `evaluate` plays an agent greedily (unless a temperature is given) over the questions of a split and scores them:
 the held-out evaluation that ends a training run (`algos.evaluation`), the algorithm comparison
-(`benchmarks.compare`) and the command line (`python -m benchmarks.evaluate`, every env setting the trainer takes
-as a flag) all call it. It lives below the trainers and the benchmark scripts because training needs it; it uses
-only the env (`envs`), the agents and their samplers.
+(`benchmarks.compare`) and the command line (`python -m benchmarks.evaluate`) all call it. It lives below the
+trainers because training needs it; it uses only the env (`envs`), the agents and their samplers.
 
-Agents:
-* ``direct``: the model answers from the question alone (a chat prompt asking for a short answer inside
-  <answer></answer>; a reply without the tags is taken whole).
-* ``rag``: the same, with the top-3 BM25 passages for the question in the prompt (one retrieval).
-* ``search_r1``: `SearchR1Agent` in the flat env (RedCoda-HotpotQA-v0).
-* ``coda``: `CodaAgent` in the planner/executor env (RedCoda-HotpotQA-CoDA-v0).
-* ``oracle``: `OracleAgent` (gold evidence) in the flat env: an upper bound and a check of the pipeline.
+Agents (`AGENTS`): ``direct`` (the model answers from the question alone, inside <answer></answer>; a reply
+without the tags is taken whole), ``rag`` (the same with the top-3 BM25 passages in the prompt), ``search_r1``
+(`SearchR1Agent`, flat env), ``coda`` (`CodaAgent`, planner/executor env) and ``oracle`` (`OracleAgent`, gold
+evidence: an upper bound and a check of the pipeline).
 
-A model is None or "smollm2-135m" (the bundled SmolLM2-135M-Instruct), a local directory (e.g. a trained
-checkpoint), a Hugging Face id or a loaded ``(model, tokenizer)`` pair. Scores come from `envs.rewards` only: the
-env's terminal info for env agents, the same functions for direct and rag.
-
-Per question: ``em``, ``f1``, ``answered`` (1 when the episode ended with a valid <answer>: the
-valid-answer rate), ``format`` (graduated format score), ``num_searches`` (retrieval calls) and
-``invalid_actions`` (the share of the question's actions that were invalid; for direct and rag, 1 when the
-reply is not a valid <answer>). `metric_intervals` gives each one's mean and 95% interval over questions
-(`envs.stats`: Wilson's for the 0/1 rates EM and valid answers, Student's t for the rest).
+A model is None or "smollm2-135m" (the bundled SmolLM2-135M-Instruct), a local directory, a Hugging Face id or a
+loaded ``(model, tokenizer)`` pair. Scores come from `envs.rewards` only. Per question: ``em``, ``f1``,
+``answered`` (the episode ended with a valid <answer>), ``format``, ``num_searches`` and ``invalid_actions`` (the
+share of the question's actions that were invalid; for direct and rag, 1 when the reply is not a valid <answer>).
+`metric_intervals` gives each one's mean and 95% interval over questions (`envs.stats`: Wilson's for the 0/1
+rates EM and valid answers, Student's t for the rest).
 
     from agents.evaluation import evaluate
     result = evaluate("search_r1", "runs/red_grpo/final", "dev", limit=200)
@@ -88,115 +81,96 @@ def evaluate(
     sampler_url: str | None = None,
     served_model: str | None = None,
 ) -> dict[str, Any]:
-    """Run one agent over the first `limit` questions of a split and score it.
+    """Run one agent over the first `limit` questions of a split (or its `indices`) and score it.
 
     Args:
         agent_name: one of `AGENTS`.
-        model: None or "smollm2-135m" (bundled), a local directory, a Hugging Face id, or an already
-            loaded `(model, tokenizer)` pair. Ignored by the oracle (it only needs the SmolLM2 tokenizer
-            unless a pair is given).
-        split: dataset split ("dev" has the 200 bundled HotpotQA questions).
-        limit: evaluate the first `limit` questions (None: all).
-        dataset: bundled dataset (hotpotqa, musique, 2wiki, bamboogle).
+        model: None or "smollm2-135m" (bundled), a local directory, a Hugging Face id, or a loaded
+            `(model, tokenizer)` pair (the oracle needs only the tokenizer).
+        split, limit, dataset, max_turns: the bundled questions to play (`env_settings`) when `env_id` is None.
         batch: episodes (or prompts) per batched rollout.
-        seed: seeds the sampler and the rollouts.
-        temperature: sampling temperature; 0 is greedy.
+        seed, temperature: seed the sampler and the rollouts; sample at `temperature` (0: greedy).
         max_new_tokens: tokens per model turn (per reply for direct and rag).
-        max_turns: turns per episode (flat), planner turns (coda); executors get `max_turns - 1`.
-        env_kwargs: more RAGEnv arguments (data_path, corpus_path, retriever, top_k, max_passage_words, turn
-            limits, observation_format, ...) over the ones built from `dataset`, `split` and `max_turns`; rag
-            uses their questions, retriever, top_k and max_passage_words too.
-        env_id: a registered env id: then the env is exactly ``gym.make(env_id, **env_kwargs)``, as a trainer
-            builds it (`algos.evaluation` passes a run's `Config.env_id` and `Config.env_kwargs`, so a model is
-            scored in exactly the env it trained in), and `dataset`, `split` and `max_turns` are not used.
+        env_kwargs: more RAGEnv arguments over the ones built from `dataset`, `split` and `max_turns`; rag uses
+            their questions, retriever, top_k and max_passage_words too.
+        env_id: a registered env id: then the env is exactly ``gym.make(env_id, **env_kwargs)``, as a trainer builds
+            it (`algos.evaluation` scores a model in exactly the env it trained in).
         max_context_tokens: the agent's (and sampler's) context length, as in training.
         indices: question indices to evaluate instead of the first `limit` (a held-out slice).
-        out: write one JSON line per question here.
-        progress: show a progress bar.
-        device: torch device for the model (None: CUDA when available).
-        sampler: what samples the replies (`agents.samplers.factory`): hf (transformers), vllm (a vLLM engine
-            over `model`, a directory or hub id), or openai (a served model at `sampler_url`).
-        sampler_url: openai: the server's API root, e.g. http://127.0.0.1:8000/v1.
-        served_model: openai: the model name the server expects (None: `model`).
+        out, progress, device: a JSON-lines file for the predictions, a progress bar, the model's torch device.
+        sampler, sampler_url, served_model: what samples the replies (`agents.samplers.factory`): hf, vllm (over
+            `model`, a directory or hub id) or openai (a server at `sampler_url` serving `served_model`).
 
     Returns:
         `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "env",
-        "predictions"}` where `metrics[name]` is `{"mean", "low", "high", "n"}` (95% interval, `metric_intervals`:
-        Wilson's for the 0/1 rates, t for the rest) for each of `METRICS`, `env` the env played (``{"id",
-        "kwargs"}``, objects as their repr), and `predictions` the per-question records written to `out`.
+        "predictions"}`: `metrics[name]` is `{"mean", "low", "high", "n"}` for each of `METRICS`, `env` the env
+        played (``{"id", "kwargs"}``) and `predictions` the per-question records (also written to `out`).
     """
-    import gymnasium as gym
-
-    import envs  # noqa: F401  (registers the ids)
-
-    if agent_name not in AGENTS:
-        raise ValueError(f"unknown agent {agent_name!r}; choose one of {', '.join(AGENTS)}")
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
+    _check_arguments(agent_name, batch)
     if env_id is None:
         env_id, env_kwargs = env_settings(agent_name, dataset, split, max_turns, **(env_kwargs or {}))
-    make_env = functools.partial(gym.make, env_id, disable_env_checker=True, **(env_kwargs or {}))
-    env_list = [make_env()]
-    examples = env_list[0].unwrapped.examples
-    if indices is None:
-        indices = range(len(examples) if limit is None else min(limit, len(examples)))
-    indices = [int(i) for i in indices]
-    if any(not 0 <= i < len(examples) for i in indices):
-        raise ValueError(f"question indices must lie in [0, {len(examples)}) for {env_id} {env_kwargs}")
-    n = len(indices)
-    dataset, split = getattr(env_list[0].unwrapped, "dataset", dataset), getattr(env_list[0].unwrapped, "split", split)
+    make_env, env_list, examples, indices = _questions(env_id, env_kwargs or {}, limit, indices)
+    first = env_list[0].unwrapped
+    dataset, split = getattr(first, "dataset", dataset), getattr(first, "split", split)
     load = functools.partial(_load, device=device, kind=sampler, url=sampler_url, served_model=served_model)
+    play = (temperature, max_new_tokens, progress, load)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
-        predictions = _answer_directly(
-            agent_name,
-            model,
-            [examples[i] for i in indices],
-            env_list[0].unwrapped,
-            batch,
-            seed,
-            temperature,
-            max_new_tokens,
-            progress,
-            load,
-        )
+        predictions = _answer_directly(agent_name, model, [examples[i] for i in indices], first, batch, seed, *play)
     else:
-        env_list += [make_env() for _ in range(min(batch, n) - 1)]
-        predictions = _run_agent(
-            agent_name,
-            model,
-            env_list,
-            indices,
-            batch,
-            seed,
-            temperature,
-            max_new_tokens,
-            progress,
-            load,
-            max_context_tokens,
-        )
+        env_list += [make_env() for _ in range(min(batch, len(indices)) - 1)]
+        predictions = _run_agent(agent_name, model, env_list, indices, batch, seed, *play, max_context_tokens)
     for env in env_list:
         env.close()
-    wall = time.perf_counter() - start
-    metrics = metric_intervals(predictions)
+    wall = time.perf_counter() - start  # the episodes' time: the model, the envs and their searches
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", encoding="utf-8") as f:
-            for record in predictions:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        _write_lines(Path(out), predictions)
     return {
         "agent": agent_name,
         "model": _model_name(model),
         "dataset": dataset,
         "split": split,
-        "n": n,
+        "n": len(indices),
         "seed": seed,
         "temperature": temperature,
         "wall_s": wall,
-        "metrics": {name: interval.as_dict() for name, interval in metrics.items()},
+        "metrics": {name: interval.as_dict() for name, interval in metric_intervals(predictions).items()},
         "env": {"id": env_id, "kwargs": {k: v if _plain(v) else repr(v) for k, v in (env_kwargs or {}).items()}},
         "predictions": predictions,
     }
+
+
+def _check_arguments(agent_name: str, batch: int) -> None:
+    if agent_name not in AGENTS:
+        raise ValueError(f"unknown agent {agent_name!r}; choose one of {', '.join(AGENTS)}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+
+
+def _write_lines(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _questions(
+    env_id: str, env_kwargs: dict[str, Any], limit: int | None, indices: Sequence[int] | None
+) -> tuple[Callable[[], Any], list[Any], Sequence[Any], list[int]]:
+    """The evaluation's env maker, its first env, the env's questions and the indices to play (checked)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+
+    make_env = functools.partial(gym.make, env_id, disable_env_checker=True, **env_kwargs)
+    env = make_env()
+    examples = env.unwrapped.examples
+    if indices is None:
+        indices = range(len(examples) if limit is None else min(limit, len(examples)))
+    indices = [int(i) for i in indices]
+    if any(not 0 <= i < len(examples) for i in indices):
+        raise ValueError(f"question indices must lie in [0, {len(examples)}) for {env_id} {env_kwargs}")
+    return make_env, [env], examples, indices
 
 
 def _plain(value: Any) -> bool:

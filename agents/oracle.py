@@ -1,8 +1,6 @@
 """The oracle teacher: demonstrations built from supporting facts, played through the real env.
 
-The oracle knows the gold answer and the gold titles, but it acts only as a model could learn to act
-from its own context, so that supervised learning on its episodes teaches behaviour the model can
-reproduce on questions it has never seen:
+The oracle knows the gold answer and titles, but acts only as a model could learn to from its own context:
 
 - its first query is the question itself (a copy of what the model reads);
 - a later query is a gold title still missing, and only one that appears in the question or in a passage
@@ -14,30 +12,12 @@ reproduce on questions it has never seen:
   yes/no answers quote the opening words of each gold passage seen and conclude. With ``quote_words=0`` it
   answers without a quote (the evidence still decides when it answers and whether the episode is grounded).
 
-The number of searches therefore varies (one when the first results already hold the answer). With
-``follow_bridge`` it searches a missing gold title that the question or the results name even when the answer is
-already shown (not for yes/no questions, whose evidence rule already asks for both gold passages), so the second
-query names the bridge entity wherever it can, up to ``max_searches``. With ``restate_question`` every answering
-turn first copies the question it answers (the executor's: its task) into ``<think>``, so the answer is written
-right after the words that say what is asked, not three passages away from them. With ``min_searches`` 2 it
-searches a second time before answering even when the first results already show the answer (a missing gold title
-named in what it read, else the named gold title that holds the answer): every episode then has the same shape, so
-the second search is the model's most likely move after the first results, not a choice it must learn. An episode
-is *grounded* (``info["oracle_grounded"]``) when every query was copyable and the answer was read from
-shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded episodes only.
-CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that the
-results name), each executor plays the flat policy on its task, and the planner answers from the
-<result>s it received, quoting them.
-
-Passage text is data, never protocol. The oracle reads passages only from the results of its own searches and
-the <result> of a task only when the env hands control back to the planner, so tags inside a passage
-(``</information>``, ``<result>..</result>``, ``<answer>..</answer>``, ...) neither end a block nor forge a result;
-what it quotes of a passage has every protocol tag removed (`as_data`: the words between stay), so a quote cannot
-open a tool call or an env block in the demonstration; and the planner's turns hold only its tasks, the executors'
-answers and the gold answer, never a passage (it never sees one).
-
-Every action goes through the real env and retriever, and the episode is recorded in exactly the token
-layout of the LLM agents (`Generation`s with the model's turns masked 1), so it is SFT data as it stands.
+The number of searches therefore varies (one when the first results already hold the answer); the options
+(`OracleAgent`) change that. An episode is *grounded* (``info["oracle_grounded"]``) when every query was copyable
+and the answer was read from shown evidence (yes/no: both gold passages shown); `algos.sft_data` trains on grounded
+episodes only. CoDA: the planner delegates the question as its first task (later tasks: a missing gold title that
+the results name), each executor plays the flat policy on its task, and the planner answers from its <result>s.
+Every action goes through the real env and retriever; episodes are recorded in the LLM agents' token layout.
 
     python -m agents.oracle --split train --out oracle_train.jsonl [--protocol flat|coda] [--limit N]
 
@@ -132,6 +112,22 @@ def _quote(text: str, answer: str, max_words: int) -> str | None:
 class OracleAgent(ContextAgent):
     """Acts from the gold evidence, in either protocol, as described in the module docstring.
 
+    With ``follow_bridge`` it searches a missing gold title that the question or the results name even when the
+    answer is already shown (not for yes/no questions, whose evidence rule already asks for both gold passages), so
+    the second query names the bridge entity wherever it can, up to ``max_searches``. With ``restate_question`` every
+    answering turn first copies the question it answers (the executor's: its task) into ``<think>``, so the answer is
+    written right after the words that say what is asked. With ``min_searches`` 2 it searches a second time before
+    answering even when the first results already show the answer (a missing gold title named in what it read, else
+    the named gold title that holds the answer): every episode then has the same shape, so the second search is the
+    model's most likely move after the first results, not a choice it must learn.
+
+    Passage text is data, never protocol. The oracle reads passages only from the results of its own searches and
+    the <result> of a task only when the env hands control back to the planner, so tags inside a passage
+    (``</information>``, ``<result>..</result>``, ``<answer>..</answer>``, ...) neither end a block nor forge a
+    result; what it quotes of a passage has every protocol tag removed (`as_data`: the words between stay), so a
+    quote cannot open a tool call or an env block in the demonstration; and the planner's turns hold only its tasks,
+    the executors' answers and the gold answer, never a passage (it never sees one).
+
     Args:
         tokenizer: the tokenizer of the model the demonstrations are for.
         seed: seeds the oracle's random choices (none are random today; kept for the record format).
@@ -159,6 +155,8 @@ class OracleAgent(ContextAgent):
     ) -> None:
         if quote_words < 0:
             raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
+        if min_searches < 1:
+            raise ValueError(f"min_searches must be >= 1, got {min_searches}")
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)
         self.max_searches = max_searches

@@ -6,14 +6,7 @@ fields, and ``trainer_state``, ``log_extra``, ``log_metric``; it wants one float
 functions here score with `envs.rewards` (the official HotpotQA F1 and EM, the graduated format score), so a
 TRL run and our trainers compute the same numbers.
 
-`EnvRollout` is a `rollout_func` (an experimental `GRPOTrainer` argument): TRL hands it the per-process list of
-prompts (each already repeated `num_generations` times) and the trainer; it plays one episode of RAGEnv per
-prompt with the trainer's own model (`SearchR1Agent` over an `HFSampler`: real searches through the env's
-retriever) and returns, per episode, ``prompt_ids`` (the chat-template prompt), ``completion_ids`` (every later
-token of the episode's one growing context: the model's turns and the env's observations), ``logprobs``
-(sampling log-probs, 0 on observation tokens), ``env_mask`` (1 on sampled tokens, 0 on observations: TRL masks
-the loss with it) and the extra fields ``env_reward``, ``actions`` and ``num_searches`` that TRL forwards to
-the reward functions.
+`EnvRollout` is a `rollout_func` (an experimental `GRPOTrainer` argument): RAGEnv episodes with the trainer's model.
 
     from trl import GRPOConfig, GRPOTrainer
     from agents.trl_interop import EnvRollout, answer_f1_reward, env_reward, format_reward, trl_dataset
@@ -171,6 +164,14 @@ def trl_dataset(env: gym.Env, indices: Sequence[int] | None = None) -> Any:
 
 class EnvRollout:
     """A TRL `rollout_func` that plays each prompt's question as one RAGEnv episode with the trainer's model.
+
+    TRL hands a rollout function the per-process list of prompts (each already repeated `num_generations` times) and
+    the trainer; it plays one episode of RAGEnv per prompt with the trainer's own model (`SearchR1Agent` over an
+    `HFSampler`: real searches through the env's retriever) and returns, per episode, ``prompt_ids`` (the
+    chat-template prompt), ``completion_ids`` (every later token of the episode's one growing context: the model's
+    turns and the env's observations), ``logprobs`` (sampling log-probs, 0 on observation tokens), ``env_mask`` (1
+    on sampled tokens, 0 on observations: TRL masks the loss with it) and the extra fields ``env_reward``,
+    ``actions`` and ``num_searches`` that TRL forwards to the reward functions.
 
     Args:
         env_id: registered id of a flat-protocol env.

@@ -4,46 +4,8 @@ After ArCHer (Zhou, Zanette, Pan, Levine, Kumar 2024, "ArCHer: Training Language
 Hierarchical Multi-Turn RL"). The high level is the turn: one turn (one utterance the model samples, up to
 its tool call) is one action; the state is the context before it. The low level is the token.
 
-One step, on the shared loop of `algos.trainer.Trainer` (this file changes only the advantages):
-
-    1. trajectories = collector.collect()            # B episodes, each a sequence of turns
-    2. encode every turn with a frozen encoder (the initial policy's decoder), one causal pass per context:
-         phi(s_k)      = [mean hidden of the context before turn k ; hidden of its last token]      (2H,)
-         phi(s_k, a_k) = the same over the context through turn k's last sampled token           (2H,)
-       transitions (phi(s_k), phi(s_k, a_k), r_k, phi(s_k+1), done_k): r = the episode reward on the
-       episode's last turn (done), 0 before it; turns chain across an episode's generations in record order.
-    3. push them into a FIFO replay buffer of turns (``replay_capacity``)
-    4. ``critic_updates`` times: a uniform minibatch of ``critic_batch_size`` turns from the buffer, and
-         loss_q = sum_i (Q_i(s, a) - [r + gamma * (1 - done) * V_targ(s')])^2        i = 1, 2 (double Q)
-         loss_v = (V(s) - min(Q1_targ, Q2_targ)(s, a))^2
-       one AdamW step on the critic heads; every ``target_update_every`` critic updates the target heads are
-       refreshed: targ <- tau * critic + (1 - tau) * targ (``target_tau`` 1.0 = a hard copy, < 1 = Polyak)
-    5. per turn of this batch: A(s_k, a_k) = min(Q1, Q2)(s_k, a_k) - V(s_k), whitened over the batch's turns,
-       broadcast to every token the model sampled in the turn
-    6. the token-level update: the clipped policy-gradient loss of `algos.losses.policy_loss` with those
-       per-token advantages (REINFORCE with a turn-level baseline on the first epoch, where the ratio is 1),
-       [+ KL to the frozen initial model], one AdamW step (``update_epochs`` of them)
-
-How this differs from the paper:
-
-- Critic architecture: the paper fine-tunes a RoBERTa-base critic end to end. Here the encoder is frozen
-  (the initial policy's decoder, so it shares the policy's tokenizer) and only MLP heads train, on pooled
-  features cached in the replay buffer; critic updates are cheap (no transformer pass), but features do not
-  adapt. Pooling is the prefix mean plus the last token's hidden state.
-- V's target: the paper's V regresses min(Q1_targ, Q2_targ)(s, a') with a' sampled from the current policy;
-  here a is the replayed action (no fresh sampling per critic update), so V tracks the buffer's behaviour
-  policy, which lags the current one by at most ``replay_capacity`` turns.
-- Double Q as in the paper (the min of two heads in V's target and in the advantage); target networks for
-  the heads, refreshed every n critic updates (hard copy by default; the paper uses Polyak averaging).
-- No separate token-level baseline: the paper optionally learns a token-level value for the actor; here
-  every token of a turn shares the turn's advantage.
-- The actor loss is PPO's clipped surrogate (the paper's actor is REINFORCE); with ``update_epochs`` 1 the
-  two coincide in gradient.
-- Critic and actor update once per collected batch (the paper warms the critic up and updates the actor
-  less often; raise ``critic_updates`` for the same effect).
-
-The critic heads, their target, the critic's AdamW state, the replay buffer and its sampling RNG are in
-every checkpoint (``learner/*``), so a resumed run continues exactly.
+`ArCHerTrainer` says one step on the shared loop of `algos.trainer.Trainer` (this file changes only the
+advantages) and how it differs from the paper.
 
 Run (default env RedCoda-HotpotQA-v0, the flat protocol; ``--protocol coda`` for the hierarchical agent):
 
@@ -66,7 +28,7 @@ from tensordict import TensorDict
 from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos.config import Config, argv_preset, at_least, check_rules, positive, within
-from algos.run import main as train
+from algos.launch import main as train
 from algos.trainer import Trainer
 from algos.value import TurnCritic, turn_features, turn_spans, whiten
 
@@ -193,7 +155,49 @@ class TurnReplay:
 
 
 class ArCHerTrainer(Trainer):
-    """The shared loop with ArCHer's turn-level critic for advantages (see the module docstring)."""
+    """The shared loop with ArCHer's turn-level critic for advantages.
+
+    One step, on the shared loop of `algos.trainer.Trainer` (this file changes only the advantages):
+
+        1. trajectories = collector.collect()            # B episodes, each a sequence of turns
+        2. encode every turn with a frozen encoder (the initial policy's decoder), one causal pass per context:
+             phi(s_k)      = [mean hidden of the context before turn k ; hidden of its last token]      (2H,)
+             phi(s_k, a_k) = the same over the context through turn k's last sampled token           (2H,)
+           transitions (phi(s_k), phi(s_k, a_k), r_k, phi(s_k+1), done_k): r = the episode reward on the
+           episode's last turn (done), 0 before it; turns chain across an episode's generations in record order.
+        3. push them into a FIFO replay buffer of turns (``replay_capacity``)
+        4. ``critic_updates`` times: a uniform minibatch of ``critic_batch_size`` turns from the buffer, and
+             loss_q = sum_i (Q_i(s, a) - [r + gamma * (1 - done) * V_targ(s')])^2        i = 1, 2 (double Q)
+             loss_v = (V(s) - min(Q1_targ, Q2_targ)(s, a))^2
+           one AdamW step on the critic heads; every ``target_update_every`` critic updates the target heads are
+           refreshed: targ <- tau * critic + (1 - tau) * targ (``target_tau`` 1.0 = a hard copy, < 1 = Polyak)
+        5. per turn of this batch: A(s_k, a_k) = min(Q1, Q2)(s_k, a_k) - V(s_k), whitened over the batch's turns,
+           broadcast to every token the model sampled in the turn
+        6. the token-level update: the clipped policy-gradient loss of `algos.losses.policy_loss` with those
+           per-token advantages (REINFORCE with a turn-level baseline on the first epoch, where the ratio is 1),
+           [+ KL to the frozen initial model], one AdamW step (``update_epochs`` of them)
+
+    How this differs from the paper:
+
+    - Critic architecture: the paper fine-tunes a RoBERTa-base critic end to end. Here the encoder is frozen
+      (the initial policy's decoder, so it shares the policy's tokenizer) and only MLP heads train, on pooled
+      features cached in the replay buffer; critic updates are cheap (no transformer pass), but features do not
+      adapt. Pooling is the prefix mean plus the last token's hidden state.
+    - V's target: the paper's V regresses min(Q1_targ, Q2_targ)(s, a') with a' sampled from the current policy;
+      here a is the replayed action (no fresh sampling per critic update), so V tracks the buffer's behaviour
+      policy, which lags the current one by at most ``replay_capacity`` turns.
+    - Double Q as in the paper (the min of two heads in V's target and in the advantage); target networks for
+      the heads, refreshed every n critic updates (hard copy by default; the paper uses Polyak averaging).
+    - No separate token-level baseline: the paper optionally learns a token-level value for the actor; here
+      every token of a turn shares the turn's advantage.
+    - The actor loss is PPO's clipped surrogate (the paper's actor is REINFORCE); with ``update_epochs`` 1 the
+      two coincide in gradient.
+    - Critic and actor update once per collected batch (the paper warms the critic up and updates the actor
+      less often; raise ``critic_updates`` for the same effect).
+
+    The critic heads, their target, the critic's AdamW state, the replay buffer and its sampling RNG are in
+    every checkpoint (``learner/*``), so a resumed run continues exactly.
+    """
 
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {**super().progress_fields(metrics), "q_loss": f"{metrics.get('critic/loss_q', float('nan')):.3f}"}
@@ -247,7 +251,7 @@ class ArCHerTrainer(Trainer):
         states, actions, rewards, dones, places = [], [], [], [], []
         next_index: list[int] = []
         row = 0
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.autocast():
             for trajectory in trajectories:
                 first = len(states)
                 for generation in trajectory.generations:

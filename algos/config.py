@@ -1,23 +1,12 @@
-"""Training configuration: one frozen dataclass, its named presets, and the command line built from them.
+"""Training configuration: one frozen dataclass, the groups of its flags, and its named presets.
 
 Every field has a one-line docstring, which tyro turns into the `--help` text, so `--help` is the
-reference. Derived values (the env's turn limits, the run directory, bf16, where old log-probs come
-from) are properties, never fields changed after parsing.
+reference (`algos.cli` builds the command line; `FLAG_GROUPS` lays its flags out in groups). Derived
+values (the env's turn limits, the run directory, bf16, where old log-probs come from) are properties,
+never fields changed after parsing.
 
-Presets name whole sets of defaults; flags given after them override single fields:
-
-- ``gpu``: the seed's training defaults (32 prompts per step, group size 2, 2 search turns, 480 steps,
-  lr 1e-6, sft_coef 0.1, RED G=5 with EMA decay 0.99), SmolLM2-135M-Instruct, bf16 autocast.
-- ``cpu``: SmolLM2-135M-Instruct and the bundled data on 2 CPU cores, the CoDA protocol (the flat agent with
-  ``--protocol flat``; benchmarks/README.md has why): 25 minutes of training (the budget, not a step count,
-  ends it), spent mostly where RED's early phase learns (8 grounded demonstrations per step, under CoDA 2 of
-  them the planner's and 6 the executors', at lr 1e-4, answering without an evidence quote, the gradient through
-  the model's own tokens only; while every rollout group ties, a 1-question probe batch instead of 2
-  questions), then the before/after evaluation on 100 dev questions; about 30 minutes from start to summary on
-  an idle machine (see benchmarks/README.md). PPO and ArCHer keep the flat protocol.
-- ``tiny``: a tiny random model with the real tokenizer, 2 steps; for tests and smoke runs.
-
-With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
+Presets name whole sets of defaults (`algos.presets`: gpu, cpu, tiny); flags given after them override single
+fields. With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
 
     python -m algos.red_grpo --preset cpu --steps 20 --lr 5e-6
     python -m algos.red_grpo --preset tiny --run-dir /tmp/run --help
@@ -28,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextvars
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +24,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import tyro
+
+from algos.presets import PRESETS
+from algos.setting_checks import at_least, check_finite, check_rules, instruction_words, positive, within
 
 PresetName = Literal["gpu", "cpu", "tiny"]
 AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft", "ppo", "archer"]
@@ -250,6 +241,9 @@ class Config:
     follow_bridge: bool = False
     """Demonstrations search a missing gold title that the question or the results name even when the answer is
     already shown, so the second query names the bridge entity wherever it can (`agents.oracle`)."""
+    recall_reward: float = 0.0
+    """Weight of the evidence recall in the episode reward (the share of gold titles the episode's searches
+    returned, `envs.rewards`): a credit for the search itself, beside the answer's 6*F1; 0 leaves it out."""
     min_searches: int = 1
     """Demonstrations search at least this many times per episode (flat) or task (coda) before answering, where a
     query copied from the question or the results remains: 2 makes every episode search twice (`agents.oracle`)."""
@@ -293,7 +287,7 @@ class Config:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        if _VALIDATE.get():
+        if VALIDATE_ON_INIT.get():
             self.validate()
 
     def validate(self) -> None:
@@ -304,6 +298,11 @@ class Config:
         """
         check_finite(self)
         check_rules(self, _RULES)
+        self._check_env_and_data()
+        self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
+
+    def _check_env_and_data(self) -> None:
+        """The retriever, the context length, the group size and the held-out questions."""
         from envs import ENV_IDS
         from retrievers.factory import RETRIEVER_KINDS
 
@@ -313,7 +312,7 @@ class Config:
                 f"(http://host:port), got {self.retriever!r}"
             )
         if self.env_id in ENV_IDS:  # the QA envs, whose first messages are the protocol's instructions
-            words = _instruction_words(self.protocol, self.instructions)
+            words = instruction_words(self.protocol, self.instructions)
             if self.max_context_tokens < words + self.max_new_tokens:
                 raise ValueError(
                     f"--max-context-tokens must be at least {words + self.max_new_tokens} (the {self.instructions} "
@@ -344,7 +343,9 @@ class Config:
             )
         if self.validation_questions and self.is_query_rewrite:
             raise ValueError("--validation-questions: the query-rewrite env scores no answers to select by")
-        ranks = int(os.environ.get("WORLD_SIZE", "1"))  # data-parallel ranks (torchrun): each needs a share
+
+    def _check_processes(self, ranks: int) -> None:
+        """Data parallelism over `ranks` processes (each needs a share of the batch), FSDP, and the sampler."""
         if ranks > 1 and self.algo == "archer":
             raise ValueError(
                 f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
@@ -422,6 +423,7 @@ class Config:
             "observation_format": None if self.observation_format == "redcoda" else self.observation_format,
             "instructions": None if self.instructions == "search-r1" else self.instructions,
             "question_after_results": self.question_after_results or None,
+            "reward_weights": {"recall": self.recall_reward} if self.recall_reward else None,
         }
         return {
             "split": self.split,
@@ -466,61 +468,6 @@ class Config:
         return self.old_logp == "recompute" or (self.old_logp == "auto" and (self.use_bf16 or self.sampler != "hf"))
 
 
-PRESETS: dict[str, dict[str, object]] = {
-    "gpu": {},
-    "cpu": {
-        "preset": "cpu",
-        "protocol": "coda",
-        "steps": 400,
-        "max_train_minutes": 25.0,
-        "questions_per_step": 2,
-        "group_size": 2,
-        "tie_probe_questions": 1,
-        "top_k": 3,
-        "max_passage_words": 40,
-        "max_new_tokens": 64,
-        "max_context_tokens": 2048,
-        "sft_batch_size": 8,
-        "sft_planner_share": 0.25,
-        "sft_num_demos": None,
-        "quote_words": 0,
-        "question_after_results": True,
-        "lr": 1e-4,
-        "micro_batch_tokens": 4096,
-        "context_grad": False,
-        "torch_threads": None,
-        "save_every": 5,
-        "eval_questions": 100,
-        "validation_questions": 50,
-    },
-    "tiny": {
-        "preset": "tiny",
-        "model": "tiny",
-        "steps": 2,
-        "questions_per_step": 2,
-        "group_size": 2,
-        "top_k": 2,
-        "max_passage_words": 20,
-        "max_new_tokens": 16,
-        "max_context_tokens": 1024,
-        "num_questions": 16,
-        "sft_batch_size": 2,
-        "sft_num_demos": 8,
-        "lr": 1e-3,
-        "weight_decay": 0.0,
-        "micro_batch_tokens": 2048,
-        "torch_threads": 1,
-        "save_every": 1,
-        "keep_checkpoints": 2,
-        "wandb": False,
-        "progress": False,
-        "eval_questions": 4,
-        "eval_batch_size": 4,
-    },
-}
-"""Each preset's changes to the dataclass defaults (gpu: none, the seed's defaults)."""
-
-
 def preset_config(preset: PresetName, config_cls: type[Config] = Config, **overrides: object) -> Config:
     """The config of a named preset, with `overrides` applied on top.
 
@@ -551,165 +498,42 @@ def argv_preset(args: Sequence[str]) -> PresetName:
     return pre.parse_known_args(list(args))[0].preset or default_preset()
 
 
-def parse_config(
-    argv: Sequence[str] | None = None,
-    *,
-    algo: AlgoName,
-    description: str | None = None,
-    config_cls: type[Config] = Config,
-    **defaults: object,
-) -> Config:
-    """Parse a command line into a `Config`: the preset first, then a ``--config FILE``'s values, then every flag.
-
-    The preset is ``--preset``'s, else the config file's, else ``gpu`` with CUDA and ``cpu`` without (printed, as
-    the recipes differ). ``--config`` takes a YAML or JSON mapping of field names to values (`load_config_file`),
-    such as a run's saved ``redcoda_config.json``.
-
-    Args:
-        argv: Arguments without the program name; None reads sys.argv.
-        algo: The entry point's algorithm (its default for ``--algo``).
-        description: Text shown at the top of ``--help``.
-        config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
-        **defaults: Entry-point defaults applied on top of the preset (flags still override them).
-
-    Returns:
-        The parsed, frozen `Config`.
-
-    Raises:
-        SystemExit: status 2, after a one-line message naming the flag, for settings that cannot train
-            (``--temperature 0``, ``--group-size 1`` with GRPO, ``--steps 0``, ...), as for any usage error.
-    """
-    import sys
-
-    import tyro
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    args, from_file = _config_file_values(args, config_cls)
-    preset = _chosen_preset(args, from_file)
-    token = _VALIDATE.set(False)
-    try:
-        values = {"algo": algo, **defaults, **{k: v for k, v in from_file.items() if k != "preset"}}
-        base = preset_config(preset, config_cls, **values)  # checked with the flags, below
-        usage = "--config FILE: a YAML or JSON file of these settings, applied after the preset, before the flags."
-        config = tyro.cli(config_cls, default=base, args=args, description=f"{description or ''}\n\n{usage}".strip())
-    finally:
-        _VALIDATE.reset(token)
-    try:
-        config.validate()
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    return config
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "env": (
+        "env", "protocol", "split", "data_path", "corpus_path", "retriever", "retriever_timeout", "retriever_retries",
+        "max_retrieval_error_rate", "corpus", "top_k", "max_passage_words", "max_search_turns", "max_planner_turns",
+        "instructions", "observation_format", "question_after_results", "query_action_format", "num_questions",
+    ),
+    "model and sampler": (
+        "model", "device", "bf16", "lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+        "param_dtype", "memory_check", "max_context_tokens", "sampler", "sampler_batch_size", "sampler_decode",
+        "sync_weights_every", "vllm_gpu_memory_utilization",
+    ),
+    "optimisation": (
+        "steps", "max_train_minutes", "lr", "lr_schedule", "weight_average", "weight_decay", "adam_betas", "grad_clip",
+        "micro_batch_tokens", "gradient_checkpointing", "context_grad", "update_epochs",
+    ),
+    "RL": (
+        "questions_per_step", "group_size", "tie_probe_questions", "max_new_tokens", "temperature", "top_p",
+        "clip_eps", "clip_eps_high", "advantage_std_scale", "skip_zero_advantage", "old_logp", "kl_coef",
+        "kl_estimator", "recall_reward",
+    ),
+    "SFT weighting": (
+        "sft_coef", "red_max_factor", "red_decay", "red_use_accuracy", "sft_batch_size", "sft_planner_share", "sft_mix",
+        "sft_data", "sft_num_demos", "quote_words", "follow_bridge", "min_searches", "restate_question",
+    ),
+    "run and logging": (
+        "preset", "algo", "seed", "run_dir", "run_name", "resume", "save_every", "keep_checkpoints", "push_to_hub",
+        "wandb", "wandb_project", "progress", "eval_questions", "eval_split", "eval_data_path", "eval_batch_size",
+        "validation_questions", "torch_threads", "fsdp", "dist_timeout_seconds",
+    ),
+}  # fmt: skip
+"""The ``--help`` groups of `Config`'s flags, in order: each field in exactly one (a learner's own fields, as
+`algos.ppo.PPOConfig`'s, get a group of their own)."""
 
 
-def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Config) -> dict[str, object]:
-    """Field values from a YAML or JSON file (a mapping of field name to value; a run's redcoda_config.json is one).
-
-    Lists become tuples (JSON has no tuples), so a saved config reads back as the values it was saved from.
-
-    Raises:
-        ValueError: the file is not a mapping, or names something that is not a field of `config_cls`.
-    """
-    import json
-
-    text = Path(path).read_text(encoding="utf-8")
-    if str(path).endswith(".json"):
-        values = json.loads(text)
-    else:
-        import yaml
-
-        values = yaml.safe_load(text)  # YAML is a superset of JSON: any other name reads either
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: a config file is a mapping of field names to values, got {type(values).__name__}")
-    fields = {field.name for field in dataclasses.fields(config_cls)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"{path}: not a setting of {config_cls.__name__}: {', '.join(unknown)}")
-    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
-
-
-def _config_file_values(args: list[str], config_cls: type[Config]) -> tuple[list[str], dict[str, object]]:
-    """`args` without ``--config FILE``, and the file's field values (none without the flag)."""
-    import sys
-
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=None)
-    known, rest = pre.parse_known_args(args)
-    if known.config is None:
-        return args, {}
-    try:
-        return rest, load_config_file(known.config, config_cls)
-    except (OSError, ValueError) as err:
-        print(f"error: --config: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def _chosen_preset(args: Sequence[str], from_file: dict[str, object]) -> PresetName:
-    """The preset of ``--preset``, else of the config file, else by hardware; says which when hardware chose it."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
-    named = pre.parse_known_args(list(args))[0].preset or from_file.get("preset")
-    if named is not None:
-        return named  # type: ignore[return-value]
-    preset = default_preset()
-    if int(os.environ.get("RANK", "0")) == 0 and not {"-h", "--help"} & set(args):
-        # The same command trains a different recipe on a machine with CUDA: say so before any work starts.
-        why = "a CUDA device is available" if preset == "gpu" else "no CUDA device"
-        print(f"preset {preset}: {why}; pass --preset to choose", flush=True)
-    return preset
-
-
-_VALIDATE: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)
+VALIDATE_ON_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)
 """False while `parse_config` lets tyro build a Config, so that the checks run after, as a one-line usage error."""
-
-
-def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
-    """Raise ValueError naming the first field of `config` whose value breaks its rule (None values pass)."""
-    for name, ok, rule in rules:
-        value = getattr(config, name)
-        if value is not None and not ok(value):
-            raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
-
-
-def check_finite(config: object) -> None:
-    """Raise ValueError naming the first float field of `config` (or float in a tuple field) that is inf or nan.
-
-    No setting is meaningful at infinity (a budget or a limit that is off is None or 0), and inf or nan in a
-    coefficient, rate or bound turns the run's losses or weights into nan a step later.
-    """
-    for spec in dataclasses.fields(config):
-        value = getattr(config, spec.name)
-        values = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise ValueError(f"--{spec.name.replace('_', '-')} must be a finite number, got {value!r}")
-
-
-def _instruction_words(protocol: str, style: str) -> int:
-    """Words of the longest first message (instructions and a one-word question) of the protocol's roles.
-
-    A lower bound of its tokens under the tokenizers of these models: their pre-tokenizers split text at spaces,
-    so no token spans two words.
-    """
-    from envs.protocol import INSTRUCTION_STYLES, user_message
-
-    roles = ("planner", "executor") if protocol == "coda" else ("agent",)
-    return max(len(INSTRUCTION_STYLES[style][role].split()) + len(user_message(role, "?").split()) for role in roles)
-
-
-def positive(value: float) -> bool:
-    """A rule of `check_rules`: finite and > 0."""
-    return value > 0 and math.isfinite(value)
-
-
-def at_least(low: float) -> Callable[[float], bool]:
-    """A rule of `check_rules`: >= low."""
-    return lambda value: value >= low
-
-
-def within(low: float, high: float) -> Callable[[float], bool]:
-    """A rule of `check_rules`: in [low, high]."""
-    return lambda value: low <= value <= high
-
 
 _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("steps", at_least(1), ">= 1"),
@@ -720,6 +544,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("top_k", at_least(1), ">= 1"),
     ("max_passage_words", at_least(1), ">= 1"),
     ("max_search_turns", at_least(1), ">= 1"),
+    ("recall_reward", at_least(0), ">= 0"),
     ("min_searches", at_least(1), ">= 1 (searches the demonstrations make before answering, where they can)"),
     ("max_planner_turns", at_least(1), ">= 1"),
     ("num_questions", at_least(1), ">= 1"),

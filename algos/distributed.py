@@ -6,62 +6,10 @@ here is a no-op:
 
     torchrun --nproc-per-node 2 -m algos.red_grpo --preset tiny --run-dir runs/dp2
 
-What each rank does in one step, and why the result equals one process's step on the same global batch:
-
-- Rollouts: every rank advances the data order by the whole batch and plays its contiguous share of the
-  step's questions (`agents.collector.shard_range`), whole GRPO groups, so group advantages need no
-  communication. Sampling is seeded per episode (turn seed, group id, place in the group), never per rank
-  or batch position, so the ranks sample what one process would.
-- SFT: the step's minibatch is drawn from (seed, step) as in one process; each rank takes its share.
-- Losses: the policy-gradient and SFT losses are token means over the *global* batch. Each rank divides its
-  sum over its own tokens by the global token count (`all_sum` of the per-rank counts, before any
-  backward pass), so the sum of the ranks' gradients is exactly the one-process gradient; the gradient
-  all-reduce therefore sums (it does not average, as DDP's default hook would).
-- Gradients: `DistributedDataParallel` over the policy with a summing comm hook. A rank runs its own number
-  of micro-batches (token-budget micro-batching over different rollouts), which DDP's per-backward
-  all-reduce cannot match up across ranks, so those passes call the unwrapped model and accumulate locally,
-  and one closing pass through the DDP wrapper (two tokens, zero loss; `sync_gradients`) all-reduces the
-  accumulated gradients: DDP's gradient accumulation with ``no_sync``, every rank doing exactly one
-  synchronized backward per optimizer step. Trainable tensors outside the policy (a value head, a critic)
-  are summed with one all-reduce each.
-- Statistics: episode statistics (rewards, F1, the tie test, RED's batch accuracy) are computed from every
-  rank's episodes (`gather_episodes`); token statistics (RL entropy, SFT entropy, losses) from summed
-  numerators and denominators. RED's weight is therefore the same on every rank. Timings are rank 0's, and
-  so is the clock of a training-time budget (`algos.run.TrainingRun.steps`): every rank stops after the same
-  step.
-- Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
-  (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes). A
-  checkpoint holds every rank's RNG states, which part once anything draws from them per rank (dropout over a
-  rank's own micro-batches); under ``--fsdp`` each rank writes its own shards and RNG states into it.
-- Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).
-
-With ``--fsdp`` the policy is sharded instead of replicated (`wrap_fsdp`: FSDP2's ``fully_shard`` on every decoder
-layer, then on the whole model, over a 1-D device mesh of the ranks; a CPU mesh with gloo, a CUDA one with NCCL).
-Each rank holds 1/N of the weights, gradients and AdamW state; what changes in the step:
-
-- Every forward pass all-gathers each layer's weights and every backward pass reduce-scatters its gradients, so
-  every rank must run the same number of passes: before its micro-batches the ranks agree on the largest count
-  with an all-reduce, and after them a rank with fewer runs zero-loss passes (`matched_passes`; the closing pass
-  of DDP above), which add exact zeros. Gradients are summed, as with DDP (a divide factor of 1 with plain sum
-  reductions: gloo has no pre-multiplied sum).
-- Sampling, and the no-grad passes before the update (old log-probs, PPO's values), run a different number of
-  forward passes on each rank, so they run with the full weights held on every rank (`gathered`: one all-gather
-  of every unit, no communication until the block ends, then the gathered copies are freed). This costs one
-  full copy of the weights per rank during the rollout, not a second model: the sampler uses the same modules.
-- Functions that call the decoder and the LM head separately (the masked LM head, PPO's value head) bypass the
-  root module's ``forward``, whose hooks gather the root's own weights (embeddings, final norm, LM head); they run
-  inside those hooks (`as_forward`).
-- Gradient clipping uses the global norm (`clip_grad_norm_`: the norm of the sharded gradients, all-reduced, and
-  that of the tensors outside the policy).
-- Checkpoints are sharded: each rank hands torch.distributed.checkpoint its own shards of the weights, the AdamW
-  state and the weight average (`sharded_model_state`, `sharded_optimizer_state`) and writes them
-  (`algos.checkpoint.save_sharded_checkpoint`); loading reads each rank's part of whatever number of shards was
-  written (`load_sharded_model_state`, `load_sharded_optimizer_state`). A whole-tensor checkpoint (one process, DDP)
-  resumes under ``--fsdp`` too, each rank keeping its shard of the whole tensors (`load_full_state_dict`,
-  `shard_optimizer_state`), and a sharded one resumes in one process or under DDP. The final model holds the
-  whole weights, gathered once (`full_state_dict`) and written by rank 0.
-- The frozen reference model (``--kl-coef`` > 0) stays a full copy on every rank (no gradients or optimizer
-  state, and it runs once per micro-batch, so its forward passes need no matching).
+One step on N ranks equals one process's step on the same global batch (`World` says what each rank does and
+why): each rank plays its share of the step's questions, the losses are token means over the global batch, and the
+ranks' gradients are summed (`sync_gradients`). With ``--fsdp`` the policy is sharded instead of replicated
+(`wrap_fsdp` says what changes in the step).
 """
 
 from __future__ import annotations
@@ -117,7 +65,33 @@ _created = False
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among the data-parallel ranks."""
+    """This process's place among the data-parallel ranks.
+
+    What each rank does in one step, and why the result equals one process's step on the same global batch:
+
+    - Rollouts: every rank advances the data order by the whole batch and plays its contiguous share of the
+      step's questions (`agents.collector.shard_range`), whole GRPO groups, so group advantages need no
+      communication. Sampling is seeded per episode (turn seed, group id, place in the group), never per rank
+      or batch position, so the ranks sample what one process would.
+    - SFT: the step's minibatch is drawn from (seed, step) as in one process; each rank takes its share.
+    - Losses: the policy-gradient and SFT losses are token means over the *global* batch. Each rank divides its
+      sum over its own tokens by the global token count (`all_sum` of the per-rank counts, before any
+      backward pass), so the sum of the ranks' gradients is exactly the one-process gradient; the gradient
+      all-reduce therefore sums (it does not average, as DDP's default hook would).
+    - Gradients: `DistributedDataParallel` over the policy with a summing comm hook (`wrap_ddp`). A rank runs its
+      own number of micro-batches, which DDP's per-backward all-reduce cannot match up across ranks, so those passes
+      call the unwrapped model and accumulate locally, and one closing pass through the DDP wrapper all-reduces the
+      sums (`sync_gradients`: DDP's ``no_sync``, one synchronized backward per optimizer step). Trainable tensors
+      outside the policy (a value head, a critic) are summed with one all-reduce each.
+    - Statistics: episode statistics (rewards, F1, the tie test, RED's batch accuracy) are computed from every
+      rank's episodes (`gather_episodes`); token statistics (RL entropy, SFT entropy, losses) from summed
+      numerators and denominators. RED's weight is therefore the same on every rank. Timings are rank 0's, and so
+      is the clock of a training-time budget (`algos.run.TrainingRun.steps`): every rank stops after the same step.
+    - Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
+      (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes),
+      which holds every rank's RNG states (`algos.checkpoint_files`).
+    - Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).
+    """
 
     rank: int = 0
     """Global rank (0 writes the files)."""
@@ -352,6 +326,25 @@ def wrap_fsdp(model: torch.nn.Module, device: torch.device) -> bool:
     zeros where unused, so the ranks' collectives always match. The mesh is a 1-D mesh of every rank on
     `device`'s type: ``cpu`` with gloo, ``cuda`` with NCCL. The optimizer must be built afterwards (its parameters
     become sharded DTensors).
+
+    Each rank then holds 1/N of the weights, gradients and AdamW state; what changes in the step:
+
+    - Every rank runs as many forward and backward passes as the busiest one (`matched_passes`), as each pass
+      all-gathers the weights and reduce-scatters the gradients (plain sum reductions: gloo has no pre-multiplied
+      sum).
+    - Sampling and the no-grad passes before the update (old log-probs, PPO's values) run a different number of
+      forward passes on each rank, so they run with the full weights held on every rank (`gathered`): one full copy
+      of the weights per rank during the rollout, not a second model, as the sampler uses the same modules.
+    - Functions that call the decoder and the LM head separately (the masked LM head, PPO's value head) run inside
+      the root's forward hooks (`as_forward`).
+    - Gradient clipping uses the global norm (`clip_grad_norm_`).
+    - Checkpoints are sharded (`sharded_model_state`, `sharded_optimizer_state`, `algos.sharded_checkpoint`) and
+      load with any number of ranks (`load_sharded_model_state`, `load_sharded_optimizer_state`); a whole-tensor
+      checkpoint (one process, DDP) resumes under ``--fsdp`` too (`load_full_state_dict`, `shard_optimizer_state`),
+      and a sharded one in one process or under DDP. The final model holds the whole weights, gathered once
+      (`full_state_dict`) and written by rank 0.
+    - The frozen reference model (``--kl-coef`` > 0) stays a full copy on every rank (no gradients or optimizer
+      state, and it runs once per micro-batch, so its forward passes need no matching).
 
     Returns:
         Whether the model was sharded (False for one process: nothing to shard).

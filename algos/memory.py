@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> Estimate:
 
     from transformers import AutoConfig
 
-    from algos.config import parse_config
+    from algos.cli import parse_config
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (shards under --fsdp)")

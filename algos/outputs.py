@@ -99,26 +99,14 @@ def model_card(
         evaluation: `algos.evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
         validation: `algos.evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
     """
-    import yaml
-
     algo = _ALGO_NAMES.get(config.algo, config.algo)
     base = base_model_id(config)
-    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
-    if base is not None:
-        front["base_model"] = base
-    front["tags"] = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
-    if config.protocol == "coda":
-        front["tags"].append("coda")
-    datasets = _dataset_ids(config)
-    if datasets:
-        front["datasets"] = datasets
-    front["license"] = "apache-2.0"
     values = config_values(config)
     settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
     started = f"`{base}`" if base is not None else "a random model built from a config (a smoke run)"
     lines = [
         "---",
-        yaml.safe_dump(front, sort_keys=False).strip(),
+        _front_matter(config, base),
         "---",
         "",
         f"# {config.name}",
@@ -147,24 +135,7 @@ def model_card(
         "",
         "## Evaluation",
         "",
-    ]
-    if evaluation and evaluation.get("table"):
-        lines += [
-            "The trained model and the model it started from, on held-out questions in the training env "
-            "(mean [95% interval]):",
-            "",
-            evaluation["table"],
-        ]
-    else:
-        lines.append("The run's held-out evaluation did not run (`--eval-questions 0`).")
-    if validation:
-        lines += [
-            "",
-            f"The final model is the checkpoint of step {validation['selected_step']} (last step "
-            f"{validation['last_step']}), chosen by answer F1 on {validation['questions']} training-split questions "
-            "no update used.",
-        ]
-    lines += [
+        *_evaluation_lines(evaluation, validation),
         "",
         "Re-score it in the same env: `python -m benchmarks.evaluate --run-dir RUN_DIR` (or `--model` this directory",
         f"and `--config {CONFIG_FILE}`).",
@@ -178,6 +149,45 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _front_matter(config: Any, base: str | None) -> str:
+    """The model card's YAML front matter (without its ``---`` lines): library, base model, tags, data, license."""
+    import yaml
+
+    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
+    if base is not None:
+        front["base_model"] = base
+    front["tags"] = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
+    if config.protocol == "coda":
+        front["tags"].append("coda")
+    datasets = _dataset_ids(config)
+    if datasets:
+        front["datasets"] = datasets
+    front["license"] = "apache-2.0"
+    return yaml.safe_dump(front, sort_keys=False).strip()
+
+
+def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, Any] | None) -> list[str]:
+    """The model card's evaluation section: the held-out table (or why there is none), then how the final model
+    was chosen when validation questions chose it."""
+    if evaluation and evaluation.get("table"):
+        lines = [
+            "The trained model and the model it started from, on held-out questions in the training env "
+            "(mean [95% interval]):",
+            "",
+            evaluation["table"],
+        ]
+    else:
+        lines = ["The run's held-out evaluation did not run (`--eval-questions 0`)."]
+    if validation:
+        lines += [
+            "",
+            f"The final model is the checkpoint of step {validation['selected_step']} (last step "
+            f"{validation['last_step']}), chosen by answer F1 on {validation['questions']} training-split questions "
+            "no update used.",
+        ]
+    return lines
 
 
 def make_readable(directory: str | os.PathLike[str]) -> None:

@@ -11,22 +11,7 @@ One step (the loop is `algos.trainer.Trainer`'s; this file only changes the adva
     for epoch in range(update_epochs):                             # the same batch, one AdamW step each
         loss = loss_pg(logp, old_logp, adv; clip 0.2) + vf_coef * loss_value(V, old_values, returns; clip)
 
-Choices a reader may need:
-
-- Critic: `algos.value.ValueHead`, one linear layer on the policy's last hidden state (shared backbone; the
-  value loss also trains the backbone). It has its own learning rate (``--value-lr``); the backbone trains at
-  ``--lr``. Its weights and AdamW state are in every checkpoint (``learner/value_head.*``).
-- Values are token-level: the value of the context up to each sampled token's predecessor (`algos.value`).
-- Rewards: the episode reward sits on the last sampled token of the episode's last generation. A
-  multi-generation episode (CoDA: executor contexts, then the planner's) is chained in record order: GAE runs
-  over the concatenation of its generations' sampled tokens, each generation's last token bootstrapping from
-  the next generation's first (`algos.value.episode_gae`). Env observations are not steps.
-- KL to the frozen initial model (``--kl-coef`` > 0) is a per-token reward penalty (InstructGPT, TRL), with
-  ``--kl-estimator`` k1 (``old_logp - ref_logp``) or k3 (``exp(ref - old) - (ref - old) - 1``); not a loss term.
-- GRPO's groups are not needed (the value head is the baseline): the entry point defaults to group_size 1.
-- Data parallel (torchrun): each rank runs GAE on its own episodes (an episode never spans ranks) and the
-  whitening's mean and std are the global batch's (one all-reduce of count, sum and sum of squares), so N ranks
-  train what one process trains.
+`PPOTrainer` says the choices a reader may need (critic, values, rewards, KL, data parallel).
 
 Run (default env RedCoda-QueryRewrite-v0; the flat QA env with ``--env-id RedCoda-HotpotQA-v0``):
 
@@ -49,8 +34,8 @@ from agents.collate import collate_trajectories
 from algos import distributed
 from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config, argv_preset, at_least, check_rules, positive, within
+from algos.launch import main as train
 from algos.losses import policy_loss
-from algos.run import main as train
 from algos.trainer import Trainer
 from algos.value import ValueHead, episode_gae, logprobs_and_values, value_loss, whiten
 
@@ -145,7 +130,25 @@ def token_rewards(
 
 
 class PPOTrainer(Trainer):
-    """The shared loop with a value head, GAE advantages and a clipped value loss (see the module docstring)."""
+    """The shared loop with a value head, GAE advantages and a clipped value loss (the step: the module docstring).
+
+    Choices a reader may need:
+
+    - Critic: `algos.value.ValueHead`, one linear layer on the policy's last hidden state (shared backbone; the
+      value loss also trains the backbone). It has its own learning rate (``--value-lr``); the backbone trains at
+      ``--lr``. Its weights and AdamW state are in every checkpoint (``learner/value_head.*``).
+    - Values are token-level: the value of the context up to each sampled token's predecessor (`algos.value`).
+    - Rewards: the episode reward sits on the last sampled token of the episode's last generation. A
+      multi-generation episode (CoDA: executor contexts, then the planner's) is chained in record order: GAE runs
+      over the concatenation of its generations' sampled tokens, each generation's last token bootstrapping from
+      the next generation's first (`algos.value.episode_gae`). Env observations are not steps.
+    - KL to the frozen initial model (``--kl-coef`` > 0) is a per-token reward penalty (InstructGPT, TRL), with
+      ``--kl-estimator`` k1 (``old_logp - ref_logp``) or k3 (``exp(ref - old) - (ref - old) - 1``); not a loss term.
+    - GRPO's groups are not needed (the value head is the baseline): the entry point defaults to group_size 1.
+    - Data parallel (torchrun): each rank runs GAE on its own episodes (an episode never spans ranks) and the
+      whitening's mean and std are the global batch's (one all-reduce of count, sum and sum of squares), so N ranks
+      train what one process trains.
+    """
 
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         explained = metrics.get("critic/explained_variance", float("nan"))
@@ -188,7 +191,7 @@ class PPOTrainer(Trainer):
         old_logp = torch.zeros(mask.shape)  # (N, T-1)
         ref_logp = torch.zeros(mask.shape) if self.ref_model is not None else None  # (N, T-1)
         lengths = batch["attention_mask"].sum(-1).tolist()
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.autocast():
             for rows in micro_batches(lengths, cfg.micro_batch_tokens):
                 part = self._rows(batch, rows)
                 index = torch.tensor(rows)

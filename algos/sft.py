@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.config import PRESETS, argv_preset
-from algos.run import main as train
+from algos.config import argv_preset
+from algos.launch import main as train
+from algos.presets import PRESETS
 from algos.trainer import Trainer
 
 __all__ = ["SFT_DEFAULTS", "main", "sft_defaults"]

@@ -10,37 +10,11 @@ The three algorithms differ only in the SFT weighting rule (`algos.weighting`: N
     loss.backward(); clip_grad_norm_; AdamW.step()              # backward runs micro-batch by micro-batch
     rule.observe_sft_entropy(h_sft)                             # measured in the SFT forward pass
 
-Details a reader may need:
-
-- Advantages are group-normalized episode rewards (`group_advantages`), broadcast to every generation of the
-  episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO).
-- loss_pg is the clipped token-level objective over every sampled token of the batch, normalized by the
-  batch's total count of sampled tokens, and loss_sft likewise over the demonstrations' assistant tokens: so
-  micro-batches (rows of similar length, ``micro_batch_tokens`` padded tokens at most, `algos.batch.micro_batches`)
-  add up to the gradient of the one big batch. Contexts whose advantage is exactly 0 contribute exactly 0; with
-  ``skip_zero_advantage`` (and no KL term) they are left out of the forward pass, and clip_fraction and
-  approx_kl are measured over the contexts that ran.
-- Old log-probs are the sampler's (the sampler shares the training model, so they are the current policy's up to
-  numerics); ``old_logp=recompute`` (default under bf16) scores them with the training model instead, as a vLLM
-  or bf16 sampler needs.
-- The SFT minibatch (``sft_batch_size`` demonstrations, drawn by (seed, step): `sft_minibatch`) runs through one
-  forward pass that gives its loss and the predictive entropy RED needs, measured on the weights before the
-  update and handed to the rule after it.
-- On GPU the forward passes run under bfloat16 autocast; weights and AdamW state stay float32. The model is in
-  eval mode while sampling and in train mode for the update.
-- A step in which more than ``max_retrieval_error_rate`` of the searches failed (a dead or hung retrieval
-  server) raises `TrainingStopped` before the update.
-
-Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`):
-``make_batch`` sets the advantages (per generation or per token), ``rl_loss_terms`` returns a micro-batch's
-``loss_*`` terms, ``init_learner`` / ``learner_param_groups`` add modules (a value head, a critic) and
-``learner_state_dict`` / ``load_learner_state_dict`` put their state into the checkpoints. ``update_epochs`` > 1
-takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
-
-Everything around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out
-evaluation, the summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share
-of the batch (`algos.distributed`); the few lines that make it equal one process's step say "data parallel", and
-those that let a sharded policy (``--fsdp``) run it say "--fsdp".
+`Trainer` says the details a reader may need and how other learners (PPO, ArCHer) reuse this step. Everything
+around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out evaluation, the
+summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share of the batch
+(`algos.distributed`); the few lines that make it equal one process's step say "data parallel", and those that
+let a sharded policy (``--fsdp``) run it say "--fsdp".
 """
 
 from __future__ import annotations
@@ -49,6 +23,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,11 +42,12 @@ from algos.batch import (
     trim_rows,
 )
 from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, sft_loss, total_loss
-from algos.run import TrainingRun, TrainingStopped, cpu_threads, lr_factor, make_weighting, sync
+from algos.run import TrainingRun, TrainingStopped, lr_factor, make_weighting, sync
 from algos.sft_data import sample_indices
+from algos.threads import cpu_threads
 from envs.metrics import episode_metrics
 
-__all__ = ["Trainer", "TrainingStopped", "cpu_threads", "lr_factor", "make_weighting", "rewards_tied"]
+__all__ = ["Rollouts", "Trainer", "TrainingStopped", "cpu_threads", "lr_factor", "make_weighting", "rewards_tied"]
 
 _LOGGED_AS = {
     "f1": "answer_f1/mean",
@@ -82,8 +58,61 @@ _LOGGED_AS = {
 """Names of the episode metrics logged under the seed's names; the others are logged as ``env/<name>``."""
 
 
+@dataclass(frozen=True)
+class Rollouts:
+    """One step's episodes and RL batch, measured and ready for the update (`Trainer.collect_rollouts`)."""
+
+    batch: TensorDict
+    """This rank's RL batch, advantages and old log-probs included (`Trainer.make_batch`)."""
+    episodes: list[Trajectory]
+    """Every rank's episodes (data parallel: gathered)."""
+    rewards: torch.Tensor
+    """``(B,)``: every rank's episode rewards."""
+    batch_metrics: dict[str, float]
+    """What `Trainer.make_batch` measured, as the mean over the ranks."""
+    rl_entropy: float
+    """Token-mean entropy estimate of the sampled tokens, over the global batch."""
+    accuracy: float
+    """RED's batch accuracy: the share of every rank's episodes whose answer has F1 > 0 (`answer_accuracy`)."""
+    retrieval_error_rate: float
+    """Share of the step's searches that failed."""
+    started: float
+    """`time.perf_counter` when the step began."""
+    t_rollout: float
+    """Seconds of the rollouts (sampling, env and retrieval)."""
+    t_old_logp: float
+    """Seconds from the rollouts' end through `Trainer.make_batch`."""
+
+
 class Trainer(TrainingRun):
     """One training run: the step below, on `algos.run.TrainingRun`'s model, sampler, collector and optimizer.
+
+    Details a reader may need:
+
+    - Advantages are group-normalized episode rewards (`group_advantages`), broadcast to every generation of the
+      episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO).
+    - loss_pg is the clipped token-level objective over every sampled token of the batch, normalized by the
+      batch's total count of sampled tokens, and loss_sft likewise over the demonstrations' assistant tokens: so
+      micro-batches (rows of similar length, ``micro_batch_tokens`` padded tokens at most,
+      `algos.batch.micro_batches`) add up to the gradient of the one big batch. Contexts whose advantage is exactly
+      0 contribute exactly 0; with ``skip_zero_advantage`` (and no KL term) they are left out of the forward pass,
+      and clip_fraction and approx_kl are measured over the contexts that ran.
+    - Old log-probs are the sampler's (the sampler shares the training model, so they are the current policy's up
+      to numerics); ``old_logp=recompute`` (default under bf16) scores them with the training model instead, as a
+      vLLM or bf16 sampler needs.
+    - The SFT minibatch (``sft_batch_size`` demonstrations, drawn by (seed, step): `sft_minibatch`) runs through
+      one forward pass that gives its loss and the predictive entropy RED needs, measured on the weights before the
+      update and handed to the rule after it.
+    - On GPU the forward passes run under bfloat16 autocast; weights and AdamW state stay float32. The model is in
+      eval mode while sampling and in train mode for the update.
+    - A step in which more than ``max_retrieval_error_rate`` of the searches failed (a dead or hung retrieval
+      server) raises `TrainingStopped` before the update.
+
+    Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`):
+    ``make_batch`` sets the advantages (per generation or per token), ``rl_loss_terms`` returns a micro-batch's
+    ``loss_*`` terms, ``init_learner`` / ``learner_param_groups`` add modules (a value head, a critic) and
+    ``learner_state_dict`` / ``load_learner_state_dict`` put their state into the checkpoints. ``update_epochs`` > 1
+    takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
 
     Args:
         config: The run's settings.
@@ -92,6 +121,10 @@ class Trainer(TrainingRun):
 
     def train_step(self) -> dict[str, float]:
         """Collect one batch, update the model once (``update_epochs`` times for PPO); return the step's metrics."""
+        return self.update(self.collect_rollouts())
+
+    def collect_rollouts(self) -> Rollouts:
+        """The first half of `train_step`: play the step's episodes and build their RL batch, before the update."""
         cfg = self.config
         step_start = time.perf_counter()
 
@@ -103,14 +136,14 @@ class Trainer(TrainingRun):
             probe = min(max(probe, self.world.size), cfg.questions_per_step)
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
         with self.full_weights():
-            with self._autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
+            with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
                 trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
             t_rollout = time.perf_counter() - step_start
             gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
             infos = [t.info for t in gathered]
             _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
 
-            # advantages, old log-probs and the rule's weight, before the update
+            # advantages and old log-probs, before the update
             start = time.perf_counter()
             rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
             batch, batch_metrics = self.make_batch(trajectories)
@@ -121,8 +154,23 @@ class Trainer(TrainingRun):
         # data parallel: the global batch's means, so RED's weight is the same on every rank
         rl_entropy = distributed.token_mean(rl_entropy, float(batch["loss_mask"].sum()))
         batch_metrics = distributed.mean_over_ranks(batch_metrics)
-        accuracy = answer_accuracy(gathered)
-        w = self.weighting.weight(rl_entropy=rl_entropy, batch_accuracy=accuracy)
+        return Rollouts(
+            batch=batch,
+            episodes=gathered,
+            rewards=rewards,
+            batch_metrics=batch_metrics,
+            rl_entropy=rl_entropy,
+            accuracy=answer_accuracy(gathered),
+            retrieval_error_rate=retrieval_error_rate,
+            started=step_start,
+            t_rollout=t_rollout,
+            t_old_logp=t_old_logp,
+        )
+
+    def update(self, rollouts: Rollouts) -> dict[str, float]:
+        """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
+        cfg = self.config
+        w = self.weighting.weight(rl_entropy=rollouts.rl_entropy, batch_accuracy=rollouts.accuracy)
         sft_coef = w * cfg.sft_coef if self.demos else 0.0
         sft_batch = self.sft_minibatch(self.step) if sft_coef > 0 else None
 
@@ -133,9 +181,7 @@ class Trainer(TrainingRun):
         for _ in range(cfg.update_epochs):
             start = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
-            if sft_batch is not None:
-                metrics.update(self._sft_backward(sft_batch, sft_coef))  # + w * sft_coef * loss_sft
+            metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_coef)
             self.sync_gradients()  # data parallel: sum the ranks' gradients
             sync()
             t_fwd_bwd += time.perf_counter() - start
@@ -150,12 +196,39 @@ class Trainer(TrainingRun):
             self.weighting.observe_sft_entropy(metrics["sft/entropy"])
         self.step += 1
         self.push_weights()  # a sampler with its own copy of the weights (vLLM) gets the updated ones
-        self.last_batch = batch  # for benchmarks
+        timings = {"time/forward_backward": t_fwd_bwd, "time/optimizer": t_optimizer}
+        return self._step_metrics(rollouts, metrics, float(grad_norm), timings)
 
-        episodes = [episode_metrics(info) for info in infos]  # what the env reports: answered, em, f1, searches...
+    def accumulate_gradients(
+        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_coef: float = 0.0
+    ) -> dict[str, float]:
+        """Add one update's gradients: of the RL terms on `batch`, then of ``sft_coef * loss_sft`` on `sft_batch`.
+
+        Runs forward and backward micro-batch by micro-batch, without touching the optimizer.
+
+        Args:
+            batch: An RL batch (`make_batch`).
+            sft_batch: A demonstrations minibatch (`sft_minibatch`); None: no SFT term.
+            sft_coef: The SFT term's weight (the rule's weight times ``sft_coef``).
+
+        Returns:
+            The terms' metrics: ``loss_*``, ``rl/*``, ``sft/*`` and the ``tokens/trained_*`` counts.
+        """
+        metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
+        if sft_batch is not None:
+            metrics.update(self._sft_backward(sft_batch, sft_coef))  # + w * sft_coef * loss_sft
+        return metrics
+
+    def _step_metrics(
+        self, rollouts: Rollouts, metrics: dict[str, float], grad_norm: float, timings: dict[str, float]
+    ) -> dict[str, float]:
+        """The metrics row of a step: the update's `metrics`, the episodes', the batch's and the timings."""
+        batch, rewards = rollouts.batch, rollouts.rewards
+        episodes = [episode_metrics(t.info) for t in rollouts.episodes]  # what the env reports: answered, em, f1...
         names = dict.fromkeys(name for episode in episodes for name in episode)
         sampled = int(distributed.all_sum(float(batch["loss_mask"].sum()))[0])  # data parallel: every rank's
         trained = metrics.pop("tokens/trained_rl") + metrics.pop("tokens/trained_sft", 0)
+        t_fwd_bwd = timings["time/forward_backward"]
         metrics.update(
             {
                 "step": self.step,
@@ -163,23 +236,23 @@ class Trainer(TrainingRun):
                 "critic/rewards/mean": float(rewards.mean()),
                 "critic/rewards/max": float(rewards.max()),
                 "critic/rewards/min": float(rewards.min()),
-                **batch_metrics,
+                **rollouts.batch_metrics,
                 **{_LOGGED_AS.get(k, f"env/{k}"): _mean([e[k] for e in episodes if k in e]) for k in names},
-                "env/retrieval_error_rate": retrieval_error_rate,
-                "train/batch_accuracy": accuracy,
-                "train/questions": len({t.group_id for t in gathered}),
-                "train/episodes": len(gathered),
-                "train/rl_entropy": rl_entropy,
-                "train/grad_norm": float(grad_norm),
+                "env/retrieval_error_rate": rollouts.retrieval_error_rate,
+                "train/batch_accuracy": rollouts.accuracy,
+                "train/questions": len({t.group_id for t in rollouts.episodes}),
+                "train/episodes": len(rollouts.episodes),
+                "train/rl_entropy": rollouts.rl_entropy,
+                "train/grad_norm": grad_norm,
                 "train/lr": self.optimizer.param_groups[0]["lr"],
                 **self.weighting.metrics(),
-                "time/step": time.perf_counter() - step_start,
-                "time/rollout": t_rollout,
+                "time/step": time.perf_counter() - rollouts.started,
+                "time/rollout": rollouts.t_rollout,
                 "time/generation": self.sampler.seconds,
-                "time/env_and_retrieval": t_rollout - self.sampler.seconds,
-                "time/old_logp": t_old_logp,
+                "time/env_and_retrieval": rollouts.t_rollout - self.sampler.seconds,
+                "time/old_logp": rollouts.t_old_logp,
                 "time/forward_backward": t_fwd_bwd,
-                "time/optimizer": t_optimizer,
+                "time/optimizer": timings["time/optimizer"],
                 "tokens/sampled": sampled,
                 "tokens/trained": trained,
                 "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
@@ -230,25 +303,32 @@ class Trainer(TrainingRun):
         picks = distributed.shard(self.sft_indices(step), self.world)  # data parallel: this rank's share
         return collate_sft([self.demos[i] for i in picks], pad_token_id=self.pad_id)
 
-    def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
-        """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
+    def rl_micro_batches(self, batch: TensorDict) -> list[list[int]]:
+        """Row indices of each micro-batch the RL backward of `batch` runs, in order (`algos.batch.micro_batches`).
+
+        With ``skip_zero_advantage`` (and no KL term) rows whose advantage is exactly 0 are left out.
+        """
         cfg = self.config
-        # every sampled token of the batch is the token-mean divisor; data parallel: of every rank's batch, so the
-        # ranks' gradients sum to the one-process gradient (algos.distributed)
-        (num_tokens,) = distributed.all_sum(float(batch["loss_mask"].sum()))
         rows = list(range(batch.batch_size[0]))
         if cfg.skip_zero_advantage and cfg.kl_coef == 0 and batch["adv"].ndim == 1:
             rows = [i for i in rows if float(batch["adv"][i]) != 0.0]
         lengths = batch["attention_mask"].sum(-1).tolist()
-        parts = [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.micro_batch_tokens)]
-        self.last_micro_batches = parts  # row indices of each micro-batch that ran (for benchmarks)
+        return [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.micro_batch_tokens)]
+
+    def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
+        """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
+        # every sampled token of the batch is the token-mean divisor; data parallel: of every rank's batch, so the
+        # ranks' gradients sum to the one-process gradient (algos.distributed)
+        (num_tokens,) = distributed.all_sum(float(batch["loss_mask"].sum()))
+        parts = self.rl_micro_batches(batch)
+        contexts = sum(len(part_rows) for part_rows in parts)  # every row that runs is in exactly one micro-batch
         losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
         token_sums: dict[str, float] = {}  # per-token metrics (clip_fraction, approx_kl, ...) times tokens
         run_tokens, trained_tokens = 0.0, 0
         with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
             for part_rows in parts:
                 part = self._rows(batch, part_rows)
-                with self._autocast():
+                with self.autocast():
                     terms = self.rl_loss_terms(part, num_tokens)
                 total_loss(terms).backward()
                 n_mask = float(part["loss_mask"].sum())
@@ -260,7 +340,7 @@ class Trainer(TrainingRun):
                     else:
                         token_sums[key] = token_sums.get(key, 0.0) + float(terms[key]) * n_mask
         losses, token_sums = distributed.sum_over_ranks(losses), distributed.sum_over_ranks(token_sums)  # data parallel
-        run_tokens, trained_tokens, contexts = distributed.all_sum(run_tokens, trained_tokens, len(rows))
+        run_tokens, trained_tokens, contexts = distributed.all_sum(run_tokens, trained_tokens, contexts)
         out = {**losses, "tokens/trained_rl": int(trained_tokens), "rl/contexts_run": int(contexts)}
         if run_tokens:
             out.update({f"rl/{key}": value / run_tokens for key, value in token_sums.items()})
@@ -275,7 +355,7 @@ class Trainer(TrainingRun):
         with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
             for rows in parts:
                 part = self._rows(sft_batch, rows)
-                with self._autocast():
+                with self.autocast():
                     logp, entropy = self._logprobs(self.policy, part, with_entropy=True)  # (n, L-1) each
                     part_nll = sft_loss(logp, part["loss_mask"], num_tokens=num_tokens)
                 (coef * part_nll).backward()
@@ -353,7 +433,8 @@ class Trainer(TrainingRun):
         return metrics
 
     # --- forward passes ------------------------------------------------------------------------------------
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast on the run's device under ``use_bf16``; else a no-op."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.use_bf16)
 
     def _rows(self, batch: TensorDict, rows: Sequence[int]) -> TensorDict:
@@ -384,7 +465,7 @@ class Trainer(TrainingRun):
         """Replace the sampler's log-probs by the training model's (no grad), micro-batched."""
         old_logp = torch.zeros_like(batch["old_logp"])  # (N, T-1)
         lengths = batch["attention_mask"].sum(-1).tolist()
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.autocast():
             for rows in micro_batches(lengths, self.config.micro_batch_tokens):
                 part = self._rows(batch, rows)
                 logp, _ = self._logprobs(self.policy, part, temperature=self.config.temperature)  # (n, L-1)

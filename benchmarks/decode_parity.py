@@ -22,9 +22,11 @@ import argparse
 import contextlib
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decode_parity", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="a model config folder: random weights of that architecture")
@@ -33,15 +35,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--steps", type=int, default=16, help="decode steps after the prefill")
     parser.add_argument("--prompt-tokens", type=int, default=600, help="row i's prompt has this + 7 i tokens")
-    args = parser.parse_args(argv)
+    return parser
 
+
+@dataclass(frozen=True)
+class _Batch:
+    """The left-padded prompts every path decodes, and how many steps it decodes after them."""
+
+    ids: Any  # (rows, width)
+    mask: Any  # (rows, width)
+    positions: Any  # (rows, width)
+    steps: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def _models(args: argparse.Namespace) -> tuple[Any, Any, _Batch]:
+    """The float32 model, its float64 copy (the reference) and random-token prompts, all on `--device`."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
-
-    from agents.models import cache_argument
-    from agents.samplers.hf import _AppendLayer
-    from agents.samplers.static_decode import StaticDecoder, row_bucket
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     path = args.config or args.model
@@ -62,69 +80,93 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         mask[row, width - len(prompt) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    kwarg = cache_argument()
+    return model, reference, _Batch(ids, mask, positions, args.steps)
 
-    @torch.inference_mode()
-    def prefill(m, room: int = 0):
+
+def _prefill(m: Any, batch: _Batch, room: int = 0) -> tuple[Any, Any]:
+    """The prompts through `m` into a fresh `DynamicCache`: the cache and the last position's logits."""
+    import torch
+    from transformers import DynamicCache
+
+    from agents.models import cache_argument
+    from agents.samplers.hf import _AppendLayer
+
+    with torch.inference_mode():
         cache = DynamicCache(config=m.config)
         if room:  # the sampler's layers: keys and values written into reserved room, read as views of it
             cache.layers = [_AppendLayer(room) for _ in cache.layers]
-        out = m(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{kwarg: cache})
+        out = m(
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            use_cache=True,
+            **{cache_argument(): cache},
+        )
         return cache, out.logits[:, -1]
 
-    ref_cache, ref_logits = prefill(reference)
-    fed = [ref_logits.argmax(-1)]  # the tokens every path is fed, step by step
-    ref_steps = [ref_logits]
-    attention = mask
+
+def _dynamic(m: Any, batch: _Batch, fed: list[Any] | None, room: int = 0) -> tuple[list[Any], list[Any]]:
+    """Decode through `m`'s forward over its cache, fed `fed` (None: its own greedy tokens); (logits, tokens)."""
+    import torch
+
+    from agents.models import cache_argument
+
+    cache, logits = _prefill(m, batch, room)
+    got, tokens, attention = [logits], [logits.argmax(-1)], batch.mask
     with torch.inference_mode():
-        for step in range(args.steps):
-            attention = torch.cat([attention, attention.new_ones((args.rows, 1))], dim=1)
-            out = reference(
-                input_ids=fed[-1][:, None],
+        for step in range(batch.steps):
+            attention = torch.cat([attention, attention.new_ones((batch.rows, 1))], dim=1)
+            out = m(
+                input_ids=(fed or tokens)[step][:, None],
                 attention_mask=attention,
-                position_ids=positions[:, -1:] + 1 + step,
+                position_ids=batch.positions[:, -1:] + 1 + step,
                 use_cache=True,
-                **{kwarg: ref_cache},
+                **{cache_argument(): cache},
             )
-            ref_steps.append(out.logits[:, -1])
-            fed.append(out.logits[:, -1].argmax(-1))
+            got.append(out.logits[:, -1])
+            tokens.append(out.logits[:, -1].argmax(-1))
+    return got, tokens
 
-    def dynamic(room: int = 0) -> list:
-        cache, logits = prefill(model, room)
-        got, attention = [logits], mask
-        with torch.inference_mode():
-            for step in range(args.steps):
-                attention = torch.cat([attention, attention.new_ones((args.rows, 1))], dim=1)
-                out = model(
-                    input_ids=fed[step][:, None],
-                    attention_mask=attention,
-                    position_ids=positions[:, -1:] + 1 + step,
-                    use_cache=True,
-                    **{kwarg: cache},
-                )
-                got.append(out.logits[:, -1])
-        return got
 
-    def static(graphs: bool) -> list:
-        cache, logits = prefill(model)
-        decoder = StaticDecoder(model, graphs=graphs)
-        got = [logits]
-        with torch.inference_mode():
-            decoder.begin(cache, width + args.steps)
-            decoder.mask[: args.rows, 0, 0, :width] = mask.bool()
-            rows = row_bucket(args.rows)
-            for step in range(args.steps):
-                decoder.tokens[: args.rows] = fed[step]
-                decoder.positions[: args.rows] = positions[:, -1] + 1 + step
-                decoder.column.fill_(width + step)
-                decoder.mask[:rows, 0, 0, width + step] = True
-                got.append(decoder.step(rows)[: args.rows].clone())
-        return got
+def _static(model: Any, batch: _Batch, fed: list[Any], graphs: bool) -> list[Any]:
+    """Decode through `StaticDecoder`'s steps (replayed as CUDA graphs with `graphs`), fed `fed`; the logits."""
+    import torch
 
-    paths = {"dynamic": dynamic, "dynamic, reserved room": lambda: dynamic(width + args.steps)}
-    paths["static"] = lambda: static(False)
+    from agents.samplers.static_decode import StaticDecoder, row_bucket
+
+    cache, logits = _prefill(model, batch)
+    decoder = StaticDecoder(model, graphs=graphs)
+    got = [logits]
+    with torch.inference_mode():
+        decoder.begin(cache, batch.width + batch.steps)
+        decoder.mask[: batch.rows, 0, 0, : batch.width] = batch.mask.bool()
+        rows = row_bucket(batch.rows)
+        for step in range(batch.steps):
+            decoder.tokens[: batch.rows] = fed[step]
+            decoder.positions[: batch.rows] = batch.positions[:, -1] + 1 + step
+            decoder.column.fill_(batch.width + step)
+            decoder.mask[:rows, 0, 0, batch.width + step] = True
+            got.append(decoder.step(rows)[: batch.rows].clone())
+    return got
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    args = _parser().parse_args(argv)
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model, reference, batch = _models(args)
+    ref_steps, fed = _dynamic(reference, batch, None)  # the tokens every path is fed: the reference's greedy ones
+    width = batch.width
+    paths = {
+        "dynamic": lambda: _dynamic(model, batch, fed)[0],
+        "dynamic, reserved room": lambda: _dynamic(model, batch, fed, width + args.steps)[0],
+        "static": lambda: _static(model, batch, fed, False),
+    }
+    device = torch.device(args.device)
     if device.type == "cuda":
-        paths["graphs"] = lambda: static(True)
+        paths["graphs"] = lambda: _static(model, batch, fed, True)
     results: dict[str, float] = {}
     scale = max(float(r.abs().max()) for r in ref_steps)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"

@@ -6,9 +6,8 @@
         --corpus-path my_corpus.jsonl --top-k 5 --max-passage-words 120 --max-search-turns 4 --max-context-tokens 8192
     python -m benchmarks.evaluate --run-dir runs/red_grpo-cpu-seed0 [--limit 200] [--top-k 5]
 
-The command line of `agents.evaluation.evaluate`, which has the agents, the per-question metrics and their
-intervals (the harness is there, below the trainers, because a training run ends with it; this script only reads
-flags and prints).
+The command line of `agents.evaluation.evaluate`, which has the agents, the per-question metrics and their intervals
+(below the trainers, because a training run ends with it; this script only reads flags and prints).
 
 Every env setting the trainer takes is a flag here too, with the trainer's name and meaning (data and corpus
 files, retriever or server URL, top_k, passage words, --max-search-turns, --max-planner-turns, protocol,
@@ -31,6 +30,7 @@ import argparse
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,8 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
     """
     import dataclasses
 
-    from algos.config import Config, load_config_file
+    from algos.cli import load_config_file
+    from algos.config import Config
     from algos.evaluation import held_out_settings
 
     config = dataclasses.replace(Config(), **{**load_config_file(config_file), **overrides})
@@ -113,7 +114,7 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
     return settings
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agent", choices=AGENTS, default=None, help="required unless --run-dir or --config")
     parser.add_argument(
@@ -153,6 +154,98 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--result", default=None, help="write the whole result here (JSON), as benchmarks.first_search reads it"
     )
+    return parser
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What one evaluation scores, and in which env: the command line resolved, alone or over a run's config."""
+
+    agent: str
+    model: str | None
+    split: str
+    env_id: str | None
+    env_kwargs: dict[str, Any]
+    batch: int
+    max_new_tokens: int
+    max_context_tokens: int
+    max_turns: int
+
+
+def _run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, config_file: Any, flags: dict) -> _Target:
+    """A trained run's env and model (`run_settings`), the env flags given replacing single settings."""
+    if args.max_turns is not None or args.max_executor_turns is not None:
+        parser.error("with a run's config, set turns with --max-search-turns and --max-planner-turns")
+    try:
+        settings = run_settings(config_file, flags)
+    except (OSError, ValueError) as err:
+        parser.error(f"{config_file}: {err}")
+    split = args.split or settings["eval_split"]
+    return _Target(
+        agent=args.agent or settings["agent"],
+        model=args.model or (str(Path(args.run_dir) / "final") if args.run_dir else "smollm2-135m"),
+        split=split,
+        env_id=settings["env_id"],
+        env_kwargs={**settings["env_kwargs"], "split": split},
+        batch=args.eval_batch_size or settings["eval_batch_size"],
+        max_new_tokens=args.max_new_tokens or settings["max_new_tokens"],
+        max_context_tokens=args.max_context_tokens or settings["max_context_tokens"],
+        max_turns=4,  # unused: the env is the run's
+    )
+
+
+def _flag_target(args: argparse.Namespace, parser: argparse.ArgumentParser, flags: dict) -> _Target:
+    """The env `--agent` and the env flags name, without a run's config."""
+    if args.agent is None:
+        parser.error("--agent is required (or --run-dir / --config of a trained run)")
+    agent, split = args.agent, args.split or "dev"
+    env_id = flags.pop("env", None)
+    searches = flags.pop("max_search_turns", None)
+    max_turns = searches + 1 if searches is not None else args.max_turns or 4
+    if searches is not None:  # the trainer's limits: flat episodes and executor tasks alike get searches + 1
+        flags["max_executor_turns"] = searches + 1
+    if args.max_executor_turns is not None:
+        flags["max_executor_turns"] = args.max_executor_turns
+    env_kwargs = flags
+    if env_id is not None:
+        env_kwargs = {**env_settings(agent, args.dataset, split, max_turns)[1], **flags}
+    return _Target(
+        agent=agent,
+        model=args.model or "smollm2-135m",
+        split=split,
+        env_id=env_id,
+        env_kwargs=env_kwargs,
+        batch=args.eval_batch_size or 32,
+        max_new_tokens=args.max_new_tokens or 128,
+        max_context_tokens=args.max_context_tokens or 4096,
+        max_turns=max_turns,
+    )
+
+
+def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -> None:
+    """Print the metrics with their intervals; write `--result` (the result with its settings) when asked."""
+    print(
+        f"{target.agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
+        f"| seed {args.seed} | temperature {args.temperature} | wall {result['wall_s']:.1f} s"
+    )
+    for name in METRICS:
+        interval = Interval(**result["metrics"][name])
+        print(f"  {name:<16} {interval.format(3)}")
+    if args.out:
+        print(f"wrote {result['n']} predictions to {args.out}")
+    if args.result:
+        settings = {
+            "agent": target.agent,
+            "env_kwargs": target.env_kwargs,
+            "max_new_tokens": target.max_new_tokens,
+            "seed": args.seed,
+        }
+        Path(args.result).write_text(json.dumps({**result, "settings": settings}, default=str))
+        print(f"wrote the result to {args.result}")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.max_turns is not None and args.max_search_turns is not None:
         parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
@@ -166,51 +259,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config_file = args.config or (Path(args.run_dir) / "redcoda_config.json" if args.run_dir else None)
     flags = {name: getattr(args, name) for name in ENV_FLAGS if getattr(args, name) is not None}
     if config_file is not None:
-        if args.max_turns is not None or args.max_executor_turns is not None:
-            parser.error("with a run's config, set turns with --max-search-turns and --max-planner-turns")
-        try:
-            settings = run_settings(config_file, flags)
-        except (OSError, ValueError) as err:
-            parser.error(f"{config_file}: {err}")
-        agent = args.agent or settings["agent"]
-        split = args.split or settings["eval_split"]
-        env_id, env_kwargs = settings["env_id"], {**settings["env_kwargs"], "split": split}
-        batch = args.eval_batch_size or settings["eval_batch_size"]
-        max_new_tokens = args.max_new_tokens or settings["max_new_tokens"]
-        max_context_tokens = args.max_context_tokens or settings["max_context_tokens"]
-        model = args.model or (str(Path(args.run_dir) / "final") if args.run_dir else "smollm2-135m")
-        max_turns = 4  # unused: the env is the run's
+        target = _run_target(args, parser, config_file, flags)
     else:
-        if args.agent is None:
-            parser.error("--agent is required (or --run-dir / --config of a trained run)")
-        agent, split = args.agent, args.split or "dev"
-        batch, model = args.eval_batch_size or 32, args.model or "smollm2-135m"
-        max_new_tokens, max_context_tokens = args.max_new_tokens or 128, args.max_context_tokens or 4096
-        env_id = flags.pop("env", None)
-        searches = flags.pop("max_search_turns", None)
-        max_turns = searches + 1 if searches is not None else args.max_turns or 4
-        if searches is not None:  # the trainer's limits: flat episodes and executor tasks alike get searches + 1
-            flags["max_executor_turns"] = searches + 1
-        if args.max_executor_turns is not None:
-            flags["max_executor_turns"] = args.max_executor_turns
-        env_kwargs = flags
-        if env_id is not None:
-            env_kwargs = {**env_settings(agent, args.dataset, split, max_turns)[1], **flags}
-    model = None if model in ("None", "none") else model
+        target = _flag_target(args, parser, flags)
+    model = None if target.model in ("None", "none") else target.model
     result = evaluate(
-        agent,
+        target.agent,
         model,
-        split,
+        target.split,
         args.limit,
         dataset=args.dataset,
-        batch=batch,
+        batch=target.batch,
         seed=args.seed,
         temperature=args.temperature,
-        max_new_tokens=max_new_tokens,
-        max_turns=max_turns,
-        env_kwargs=env_kwargs,
-        env_id=env_id,
-        max_context_tokens=max_context_tokens,
+        max_new_tokens=target.max_new_tokens,
+        max_turns=target.max_turns,
+        env_kwargs=target.env_kwargs,
+        env_id=target.env_id,
+        max_context_tokens=target.max_context_tokens,
         out=args.out,
         device=args.device,
         sampler=args.sampler,
@@ -218,19 +284,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         served_model=args.served_model,
         indices=range(args.first, args.first + args.limit) if args.first else None,
     )
-    print(
-        f"{agent} | model {result['model']} | {result['dataset']} {result['split']} | n={result['n']} "
-        f"| seed {args.seed} | temperature {args.temperature} | wall {result['wall_s']:.1f} s"
-    )
-    for name in METRICS:
-        interval = Interval(**result["metrics"][name])
-        print(f"  {name:<16} {interval.format(3)}")
-    if args.out:
-        print(f"wrote {result['n']} predictions to {args.out}")
-    if args.result:
-        settings = {"agent": agent, "env_kwargs": env_kwargs, "max_new_tokens": max_new_tokens, "seed": args.seed}
-        Path(args.result).write_text(json.dumps({**result, "settings": settings}, default=str))
-        print(f"wrote the result to {args.result}")
+    _report(args, target, result)
     return result
 
 

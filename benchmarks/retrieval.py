@@ -34,7 +34,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +91,7 @@ def size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.retrieval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=200, help="dev questions (the bundled dev set has 200)")
     parser.add_argument("--k", type=int, default=5, help="passages per query in the speed runs")
@@ -107,34 +109,31 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--encode-sample", type=int, default=256, help="paragraphs encoded on CPU to time encoding")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "retrieval.json"))
-    args = parser.parse_args(argv)
+    return parser
 
-    os.environ["REDCODA_CACHE"] = tempfile.mkdtemp(prefix="redcoda-bench-")  # fresh builds, timed
-    import faiss
-    import torch
 
+@dataclass(frozen=True)
+class _Built:
+    """Every retriever benchmarked, built from scratch, with what building each cost."""
+
+    named: dict[str, Any]
+    """Retriever by report name: bm25, bm25-matrix, bm25-python, dense-flat, dense-hnsw, hybrid."""
+    builds: dict[str, tuple[float, float, str]]
+    """Per name: build seconds, index MB, what was built."""
+    encoder: Any
+    encode_rate: float
+    """CPU paragraphs per second of the dense encoder, on the sample."""
+    sample: int
+    """Paragraphs in that sample."""
+
+
+def _build(corpus: Any, args: argparse.Namespace) -> _Built:
+    """Build every retriever over `corpus` in the fresh cache, timing each build."""
     from retrievers.bm25 import BM25Retriever
-    from retrievers.corpus import Corpus
     from retrievers.dense import DenseRetriever
     from retrievers.encoders import HFEncoder
     from retrievers.hybrid import HybridRetriever
     from retrievers.inmemory import InMemoryBM25
-
-    if args.intra_threads > 0:
-        torch.set_num_threads(args.intra_threads)
-        faiss.omp_set_num_threads(args.intra_threads)
-    corpus = Corpus.from_jsonl(CORPUS_FILE, name="hotpotqa")
-    questions, golds = load_dev(DEV_FILE, args.questions)
-    k, reps = args.k, args.repeats
-    report: dict = {
-        "command": " ".join(["python -m benchmarks.retrieval", *(sys.argv[1:] if argv is None else argv)]).strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
-        f"{torch.get_num_threads()}, faiss threads {faiss.omp_get_max_threads()}, BM25 batch threads {args.threads}, "
-        f"faiss {faiss.__version__}, load average before start {os.getloadavg()[0]:.1f}",
-        "questions": len(questions),
-        "corpus_paragraphs": len(corpus),
-        "retrievers": {},
-    }
 
     start = time.perf_counter()
     bm25 = BM25Retriever(corpus, threads=args.threads)
@@ -156,7 +155,6 @@ def main(argv: list[str] | None = None) -> dict:
     flat = DenseRetriever(corpus, encoder, kind="flat")
     hnsw = DenseRetriever(corpus, encoder, kind="hnsw", hnsw_m=32, ef_construction=200, ef_search=128)
     hybrid = HybridRetriever([bm25, flat], weights=[1.0, 1.0], rrf_k=60, depth=50)
-    cpu_encode = len(corpus) / encode_rate
     builds = {
         "bm25": (bm25_build, size_mb(bm25.index_dir), "Lucene index"),
         "bm25-matrix": (bm25_build + matrix_build, size_mb(bm25.index_dir) + size_mb(matrix_file), "+ matrix"),
@@ -165,7 +163,6 @@ def main(argv: list[str] | None = None) -> dict:
         "dense-hnsw": (hnsw.build_seconds, size_mb(hnsw.index_path), "FAISS add; + embeddings"),
         "hybrid": (bm25_build + flat.build_seconds, size_mb(bm25.index_dir) + size_mb(flat.index_path), "both"),
     }
-
     named = {
         "bm25": bm25,
         "bm25-matrix": bm25_matrix,
@@ -174,13 +171,19 @@ def main(argv: list[str] | None = None) -> dict:
         "dense-hnsw": hnsw,
         "hybrid": hybrid,
     }
-    for name, retriever in named.items():
+    return _Built(named, builds, encoder, encode_rate, len(sample))
+
+
+def _quality_and_speed(built: _Built, questions: list[str], golds: list[set[str]], k: int, reps: int) -> dict:
+    """Per retriever: recall@1/3/5, queries/s one at a time and batched, build seconds and index size."""
+    measured = {}
+    for name, retriever in built.named.items():
         results = retriever.batch_search(questions, max(k, 5))
         [retriever.search(q, k) for q in questions]  # warm-up of the one-query path (the JVM's JIT above all)
         single = best_seconds(lambda r=retriever: [r.search(q, k) for q in questions], reps)
         batched = best_seconds(lambda r=retriever: r.batch_search(questions, k), reps)
-        build, size, what = builds[name]
-        report["retrievers"][name] = {
+        build, size, what = built.builds[name]
+        measured[name] = {
             "recall@1": recall_at(results, golds, 1),
             "recall@3": recall_at(results, golds, 3),
             "recall@5": recall_at(results, golds, 5),
@@ -190,60 +193,66 @@ def main(argv: list[str] | None = None) -> dict:
             "size_mb": size,
             "build_note": what,
         }
-    report["dense_encoding"] = {
-        "cpu_paragraphs_per_s": encode_rate,
-        "cpu_full_corpus_s_estimate": cpu_encode,
-        "sample_paragraphs": len(sample),
-        "embeddings_mb": size_mb(ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "embeddings.npy"),
-        "shipped_from": json.loads((ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "meta.json").read_text()),
-    }
+    return measured
 
-    # Raw engines against our wrappers, interleaved in one run.
-    from pyserini.search.lucene import LuceneSearcher
 
-    raw = LuceneSearcher(str(bm25.index_dir))
-    raw.set_bm25(0.9, 0.4)
+class _RawLucene:
+    """Pyserini's `LuceneSearcher` over our BM25 index, called as raw callers call it."""
 
-    qids = [str(i) for i in range(len(questions))]
+    def __init__(self, index_dir: Path, questions: list[str], k: int) -> None:
+        from pyserini.search.lucene import LuceneSearcher
 
-    def raw_search_loop() -> list:  # the least any caller of the one-query API does: docid and score
-        return [[(h.docid, h.score) for h in raw.search(q, k)] for q in questions]
+        self.raw = LuceneSearcher(str(index_dir))
+        self.raw.set_bm25(0.9, 0.4)
+        self.questions, self.k = questions, k
+        self.qids = [str(i) for i in range(len(questions))]
 
-    def raw_batch_search(threads: int) -> dict:
-        hits = raw.batch_search(questions, qids, k, threads)
+    def search_loop(self) -> list:  # the least any caller of the one-query API does: docid and score
+        return [[(h.docid, h.score) for h in self.raw.search(q, self.k)] for q in self.questions]
+
+    def batch_search(self, threads: int) -> dict:
+        hits = self.raw.batch_search(self.questions, self.qids, self.k, threads)
         return {qid: [(h.docid, h.score) for h in found] for qid, found in hits.items()}
 
-    def search_r1_loop(queries: Sequence[str]) -> None:  # Search-R1 retrieval_server.py BM25Retriever._batch_search
+    def search_r1_loop(self, queries: Sequence[str]) -> None:  # Search-R1 retrieval_server.py BM25Retriever
         for q in queries:
-            for hit in raw.search(q, k):
-                doc = raw.doc(hit.docid)  # Search-R1 reads the stored raw JSON; our index stores contents
+            for hit in self.raw.search(q, self.k):
+                doc = self.raw.doc(hit.docid)  # Search-R1 reads the stored raw JSON; our index stores contents
                 json.loads(doc.raw()) if doc.raw() else doc.contents()
 
+
+def _wall_loops(built: _Built, raw: _RawLucene, args: argparse.Namespace) -> tuple[dict, dict, dict, list]:
+    """Raw engines against our wrappers in wall-clock time, interleaved: Lucene, GRPO-shaped Lucene, FAISS.
+
+    Returns the three timing dicts and the query vectors one row at a time (the CPU-time loops reuse them).
+    """
+    from retrievers.cached import CachedRetriever
+
+    questions, k, reps = raw.questions, args.k, args.repeats
+    bm25, bm25_matrix, flat = built.named["bm25"], built.named["bm25-matrix"], built.named["dense-flat"]
     lucene = paired_best(
         {
-            "raw_search_loop": raw_search_loop,
-            "search_r1_loop": lambda: search_r1_loop(questions),
+            "raw_search_loop": raw.search_loop,
+            "search_r1_loop": lambda: raw.search_r1_loop(questions),
             "ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
-            "raw_batch_search": lambda: raw_batch_search(args.threads),
+            "raw_batch_search": lambda: raw.batch_search(args.threads),
             "ours_batch_search": lambda: bm25.batch_search(questions, k),
             "ours_matrix_batch_search": lambda: bm25_matrix.batch_search(questions, k),
-            "raw_batch_search_1_thread": lambda: raw_batch_search(1),
+            "raw_batch_search_1_thread": lambda: raw.batch_search(1),
         },
         args.paired_repeats,
     )
     # A GRPO-shaped load: every question asked by a group of G=5 rollouts in one batch. The LRU cache sends
     # each distinct query to Lucene once; compare with Search-R1's loop over all 5 x n queries.
-    from retrievers.cached import CachedRetriever
-
     group = [q for q in questions for _ in range(5)]
     grpo = paired_best(
         {
-            "search_r1_loop_grpo_g5": lambda: search_r1_loop(group),
+            "search_r1_loop_grpo_g5": lambda: raw.search_r1_loop(group),
             "cached_batch_grpo_g5": lambda: CachedRetriever(bm25).batch_search(group, k),
         },
         reps,
     )
-    qvecs = encoder.encode_queries(questions)
+    qvecs = built.encoder.encode_queries(questions)
     rows = [qvecs[i : i + 1] for i in range(len(questions))]
     dense_times = paired_best(
         {
@@ -254,23 +263,25 @@ def main(argv: list[str] | None = None) -> dict:
     )
     dense_times |= paired_best(
         {
-            "raw_encode_faiss_loop": lambda: [flat.index.search(encoder.encode_queries([q]), k) for q in questions],
+            "raw_encode_faiss_loop": lambda: [
+                flat.index.search(built.encoder.encode_queries([q]), k) for q in questions
+            ],
             "ours_search_loop": lambda: [flat.search(q, k) for q in questions],
         },
         reps,
     )
-    n = len(questions)
-    report["raw_vs_ours_qps"] = {
-        "lucene": {name: n / s for name, s in lucene.items()},
-        "faiss_flat": {name: n / s for name, s in dense_times.items()},
-        "lucene_grpo_g5": {name: len(group) / s for name, s in grpo.items()},
-    }
-    # Wrapper overheads in CPU time (robust to other processes' load): the same loops, raw engine vs ours.
+    return lucene, grpo, dense_times, rows
+
+
+def _cpu_loops(built: _Built, raw: _RawLucene, args: argparse.Namespace, rows: list) -> dict:
+    """Wrapper overheads in CPU time (robust to other processes' load): the same loops, raw engine vs ours."""
+    questions, k = raw.questions, args.k
+    bm25, bm25_matrix, flat = built.named["bm25"], built.named["bm25-matrix"], built.named["dense-flat"]
     cpu = paired_best(
         {
-            "lucene_raw_search_loop": raw_search_loop,
+            "lucene_raw_search_loop": raw.search_loop,
             "lucene_ours_search_loop": lambda: [bm25.search(q, k) for q in questions],
-            "lucene_raw_batch_search": lambda: raw_batch_search(args.threads),
+            "lucene_raw_batch_search": lambda: raw.batch_search(args.threads),
             "lucene_ours_batch_search": lambda: bm25.batch_search(questions, k),
             "matrix_ours_batch_search": lambda: bm25_matrix.batch_search(questions, k),
             "faiss_raw_loop": lambda: [flat.index.search(v, k) for v in rows],
@@ -282,25 +293,19 @@ def main(argv: list[str] | None = None) -> dict:
     cpu |= paired_best(
         {
             "dense_raw_encode_faiss_loop": lambda: [
-                flat.index.search(encoder.encode_queries([q]), k) for q in questions
+                flat.index.search(built.encoder.encode_queries([q]), k) for q in questions
             ],
             "dense_ours_search_loop": lambda: [flat.search(q, k) for q in questions],
         },
-        reps,
+        args.repeats,
         clock=time.process_time,
     )
-    report["cpu_ms_per_query"] = {name: 1e3 * s / n for name, s in cpu.items()}
-    # Why batching alone cannot give 4x here: CPU per query of Lucene's own work (the batch call, all threads)
-    # against the Python/JNI cost the one-query loop adds per call; T free cores divide only the former by T.
-    work = cpu["lucene_raw_batch_search"] / n
-    per_call = max(cpu["lucene_raw_search_loop"] / n - work, 0.0)
-    report["bm25_cost_per_query_ms"] = {"lucene_work": 1e3 * work, "per_call_overhead": 1e3 * per_call}
-    lucene_lists = [[p.doc_id for p in hits] for hits in bm25.batch_search(questions, 20)]
-    matrix_lists = [[p.doc_id for p in hits] for hits in bm25_matrix.batch_search(questions, 20)]
-    report["bm25_engines_same_top20_share"] = float(
-        np.mean([a == b for a, b in zip(lucene_lists, matrix_lists, strict=True)])
-    )
-    report["targets"] = {
+    return cpu
+
+
+def _targets(report: dict, lucene: dict, grpo: dict, cpu: dict, work: float, per_call: float) -> dict[str, float]:
+    """The ratios the retrieval layer is held to, each named with its target."""
+    return {
         "bm25_batched_over_raw_single_loop (>= 4)": lucene["raw_search_loop"] / lucene["ours_matrix_batch_search"],
         "bm25_batched_over_search_r1_loop (>= 4)": lucene["search_r1_loop"] / lucene["ours_matrix_batch_search"],
         "bm25_batched_over_raw_single_loop_cpu (>= 4)": cpu["lucene_raw_search_loop"] / cpu["matrix_ours_batch_search"],
@@ -320,6 +325,64 @@ def main(argv: list[str] | None = None) -> dict:
         "bm25_single_wall_overhead_vs_raw (noisy)": lucene["ours_search_loop"] / lucene["raw_search_loop"] - 1,
         "bm25_batch_wall_overhead_vs_raw (noisy)": lucene["ours_batch_search"] / lucene["raw_batch_search"] - 1,
     }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
+
+    os.environ["REDCODA_CACHE"] = tempfile.mkdtemp(prefix="redcoda-bench-")  # fresh builds, timed
+    import faiss
+    import torch
+
+    from retrievers.corpus import Corpus
+
+    if args.intra_threads > 0:
+        torch.set_num_threads(args.intra_threads)
+        faiss.omp_set_num_threads(args.intra_threads)
+    corpus = Corpus.from_jsonl(CORPUS_FILE, name="hotpotqa")
+    questions, golds = load_dev(DEV_FILE, args.questions)
+    report: dict = {
+        "command": " ".join(["python -m benchmarks.retrieval", *(sys.argv[1:] if argv is None else argv)]).strip(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+        f"{torch.get_num_threads()}, faiss threads {faiss.omp_get_max_threads()}, BM25 batch threads {args.threads}, "
+        f"faiss {faiss.__version__}, load average before start {os.getloadavg()[0]:.1f}",
+        "questions": len(questions),
+        "corpus_paragraphs": len(corpus),
+        "retrievers": {},
+    }
+    built = _build(corpus, args)
+    report["retrievers"] = _quality_and_speed(built, questions, golds, args.k, args.repeats)
+    report["dense_encoding"] = {
+        "cpu_paragraphs_per_s": built.encode_rate,
+        "cpu_full_corpus_s_estimate": len(corpus) / built.encode_rate,
+        "sample_paragraphs": built.sample,
+        "embeddings_mb": size_mb(ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "embeddings.npy"),
+        "shipped_from": json.loads((ROOT / "retrievers" / "data" / "hotpotqa-minilm" / "meta.json").read_text()),
+    }
+
+    # Raw engines against our wrappers, interleaved in one run.
+    bm25, bm25_matrix = built.named["bm25"], built.named["bm25-matrix"]
+    raw = _RawLucene(bm25.index_dir, questions, args.k)
+    lucene, grpo, dense_times, rows = _wall_loops(built, raw, args)
+    n = len(questions)
+    report["raw_vs_ours_qps"] = {
+        "lucene": {name: n / s for name, s in lucene.items()},
+        "faiss_flat": {name: n / s for name, s in dense_times.items()},
+        "lucene_grpo_g5": {name: 5 * n / s for name, s in grpo.items()},
+    }
+    cpu = _cpu_loops(built, raw, args, rows)
+    report["cpu_ms_per_query"] = {name: 1e3 * s / n for name, s in cpu.items()}
+    # Why batching alone cannot give 4x here: CPU per query of Lucene's own work (the batch call, all threads)
+    # against the Python/JNI cost the one-query loop adds per call; T free cores divide only the former by T.
+    work = cpu["lucene_raw_batch_search"] / n
+    per_call = max(cpu["lucene_raw_search_loop"] / n - work, 0.0)
+    report["bm25_cost_per_query_ms"] = {"lucene_work": 1e3 * work, "per_call_overhead": 1e3 * per_call}
+    lucene_lists = [[p.doc_id for p in hits] for hits in bm25.batch_search(questions, 20)]
+    matrix_lists = [[p.doc_id for p in hits] for hits in bm25_matrix.batch_search(questions, 20)]
+    report["bm25_engines_same_top20_share"] = float(
+        np.mean([a == b for a, b in zip(lucene_lists, matrix_lists, strict=True)])
+    )
+    report["targets"] = _targets(report, lucene, grpo, cpu, work, per_call)
 
     print_report(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,35 +3,31 @@
     python -m benchmarks.rollout [--model smollm2-135m] [--batch 16] [--max-new-tokens 64] [--turns 3] [--seed 0]
                                  [--narrow-rows N]
 
-All sides sample from `HFSampler`s over one model with the same `SamplingParams` (temperature 1, the
-tool-call stop strings, `max_new_tokens`); all count only sampled tokens (`Completion.token_ids`, i.e. the
-loss-masked tokens of the rollout's `Generation`s), never prompts or observations.
+All sides sample from `HFSampler`s over one model with the same `SamplingParams` (temperature 1, the tool-call
+stop strings, `max_new_tokens`) and count only sampled tokens (`Completion.token_ids`: the loss-masked tokens of
+the rollout's `Generation`s), never prompts or observations.
 
-* rollout: `CodaAgent.rollout` over `--batch` CoDA envs (real BM25, HotpotQA dev questions), wall time of
-  the whole call: every generate call, env step, retrieval and context bookkeeping. Its sampler keeps each
-  context's keys and values between turns (`HFSampler`'s default), so a later turn prefills only the tokens
-  appended since the last one.
-* plain (full re-encode): the rollout's generate calls replayed as bare `generate` calls on a sampler that
-  keeps nothing between calls (`cache_tokens=0`): the same prompts (so the same lengths and rows per call),
-  the same params and seeds, so the same tokens are sampled (checked: the script fails if one differs, so
-  the run is also a check that reuse equals a full re-encode). Rollout over this is the gain of keeping
-  the cache, net of what the agent and env add around sampling.
-* plain (first prompts): the same number of calls and rows, all on the questions' first planner prompts,
-  on the sampler that keeps nothing (each call prefills its prompts, as plain generation does). Rollout
-  over this is the headline ratio (target >= 0.9): what multi-turn costs per sampled token against
-  single-turn generation.
+* rollout: `CodaAgent.rollout` over `--batch` CoDA envs (real BM25, HotpotQA dev questions), wall time of the
+  whole call (generate calls, env steps, retrieval, context bookkeeping). Its sampler keeps each context's keys
+  and values between turns (`HFSampler`'s default), so a later turn prefills only the tokens appended since.
+* plain (full re-encode): the rollout's generate calls replayed as bare `generate` calls on a sampler that keeps
+  nothing between calls (`cache_tokens=0`): same prompts, params and seeds, so the same tokens are sampled (the
+  script fails if one differs: the run also checks that reuse equals a full re-encode). Rollout over this is the
+  gain of keeping the cache, net of what the agent and env add around sampling.
+* plain (first prompts): as many calls and rows, all on the questions' first planner prompts, on the sampler that
+  keeps nothing. Rollout over this is the headline ratio (target >= 0.9): what multi-turn costs per sampled
+  token against single-turn generation.
 
-Sides run in the order rollout, replay, first prompts; `--repeats` repeats the same work (same seeds, the
-cache cleared first) and keeps the best of each side. Each side is timed in wall-clock seconds and in this
-process's CPU seconds: on a machine shared with other jobs the CPU-time ratios are the steadier ones (a
-neighbour that takes a core slows the wall clock of whichever side it overlaps).
+Sides run in the order rollout, replay, first prompts; `--repeats` repeats the same work (same seeds, the cache
+cleared first) and keeps the best of each side, timed in wall-clock and in this process's CPU seconds (on a
+shared machine the CPU-time ratios are the steadier ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agents.records import Completion, SamplingParams
@@ -78,6 +74,80 @@ def largest_logprob_gap(first: Sequence[Completion], second: Sequence[Completion
     return gap
 
 
+def _setup(
+    model: str | None, batch: int, max_new_tokens: int, turns: int, seed: int, narrow_rows: int | None
+) -> tuple[CountingSampler, CountingSampler, SamplingParams, list[Any], list[list[int]]]:
+    """The rollout's sampler (keeps the cache), the plain one (keeps nothing), the params, the envs and the
+    questions' first planner prompts, all warmed up (the JVM, the kernels)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+    from agents.models import load_model
+    from agents.samplers import HFSampler, encode_chat
+    from agents.search_agents import STOP
+
+    lm, tokenizer = load_model(model)
+    sampler = CountingSampler(HFSampler(lm, tokenizer, seed=seed, narrow_rows=narrow_rows))
+    plain = CountingSampler(HFSampler(lm, tokenizer, seed=seed, cache_tokens=0, narrow_rows=narrow_rows))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop=STOP)
+    env_list = [
+        gym.make("RedCoda-HotpotQA-CoDA-v0", split="dev", max_planner_turns=turns, max_executor_turns=turns)
+        for _ in range(batch)
+    ]
+    env_list[0].unwrapped.retriever.search("warm up", 3)  # start the JVM outside the timing
+    prompts = []
+    for index, env in enumerate(env_list):
+        _, info = env.reset(options={"index": index})
+        messages = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": "user", "content": info["user_message"]},
+        ]
+        prompts.append(encode_chat(tokenizer, messages))
+    sampler.inner.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm up the kernels
+    return sampler, plain, params, env_list, prompts
+
+
+def _rollout_side(agent: Any, sampler: CountingSampler, env_list: list[Any], seed: int) -> dict[str, Any]:
+    """One `CodaAgent.rollout` over every env, from an empty cache: its tokens, times, calls and cache use."""
+    sampler.calls, sampler.recorded, sampler.completions, sampler.sampled = [], [], [], 0
+    sampler.inner.clear_cache()
+    reused, prefilled = sampler.inner.reused_tokens, sampler.inner.prefilled_tokens
+    indices = list(range(len(env_list)))
+    start, cpu = time.perf_counter(), time.process_time()
+    trajectories = agent.rollout(env_list, indices, seed=seed)  # every repeat does the same work
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    masked = sum(g.num_sampled for t in trajectories for g in t.generations)
+    if masked != sampler.sampled:
+        raise RuntimeError(f"{sampler.sampled} tokens sampled but {masked} in the generations' loss masks")
+    return {
+        "tokens": masked,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "calls": list(sampler.calls),
+        "steps": sampling_steps(sampler.completions, sampler.calls),
+        "reused_prompt_tokens": sampler.inner.reused_tokens - reused,
+        "prefilled_prompt_tokens": sampler.inner.prefilled_tokens - prefilled,
+        "cached_tokens_after": sampler.inner.cached_tokens,
+    }
+
+
+def _plain_side(plain: CountingSampler, calls: list[int], work: Iterable[tuple[Any, SamplingParams]]) -> dict:
+    """`plain`'s generate calls over `work` (prompts, params), from a fresh count: tokens, times and steps."""
+    plain.calls, plain.sampled, plain.completions = [], 0, []
+    prefilled = plain.inner.prefilled_tokens
+    start, cpu = time.perf_counter(), time.process_time()
+    for call_prompts, call_params in work:
+        plain.generate(call_prompts, call_params)
+    return {
+        "tokens": plain.sampled,
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu,
+        "calls": calls,
+        "steps": sampling_steps(plain.completions, calls),
+        "prefilled_prompt_tokens": plain.inner.prefilled_tokens - prefilled,
+    }
+
+
 def run(
     model: str | None = None,
     batch: int = 16,
@@ -90,83 +160,20 @@ def run(
     """Measure every side; return tokens, seconds and tokens/s of each, and the ratios to the rollout.
 
     `narrow_rows` goes to every side's `HFSampler` (None: its default; 0: every linear layer `F.linear`)."""
-    import gymnasium as gym
+    from agents.search_agents import CodaAgent
 
-    import envs  # noqa: F401  (registers the ids)
-    from agents.models import load_model
-    from agents.samplers import HFSampler, encode_chat
-    from agents.search_agents import STOP, CodaAgent
-
-    lm, tokenizer = load_model(model)
-    sampler = CountingSampler(HFSampler(lm, tokenizer, seed=seed, narrow_rows=narrow_rows))
-    plain = CountingSampler(HFSampler(lm, tokenizer, seed=seed, cache_tokens=0, narrow_rows=narrow_rows))
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, stop=STOP)
-    env_list = [
-        gym.make("RedCoda-HotpotQA-CoDA-v0", split="dev", max_planner_turns=turns, max_executor_turns=turns)
-        for _ in range(batch)
-    ]
-    indices = list(range(batch))
+    sampler, plain, params, env_list, prompts = _setup(model, batch, max_new_tokens, turns, seed, narrow_rows)
     agent = CodaAgent(sampler, params)
-    env_list[0].unwrapped.retriever.search("warm up", 3)  # start the JVM outside the timing
-    prompts = []
-    for env, index in zip(env_list, indices, strict=True):
-        _, info = env.reset(options={"index": index})
-        messages = [
-            {"role": "system", "content": info["system_prompt"]},
-            {"role": "user", "content": info["user_message"]},
-        ]
-        prompts.append(encode_chat(tokenizer, messages))
-    sampler.inner.generate(prompts[:2], SamplingParams(max_new_tokens=4))  # warm up the kernels
-
     best: dict[str, dict[str, Any]] = {}
     for _ in range(repeats):
-        sampler.calls, sampler.recorded, sampler.completions, sampler.sampled = [], [], [], 0
-        sampler.inner.clear_cache()
-        reused, prefilled = sampler.inner.reused_tokens, sampler.inner.prefilled_tokens
-        start, cpu = time.perf_counter(), time.process_time()
-        trajectories = agent.rollout(env_list, indices, seed=seed)  # every repeat does the same work
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        masked = sum(g.num_sampled for t in trajectories for g in t.generations)
-        if masked != sampler.sampled:
-            raise RuntimeError(f"{sampler.sampled} tokens sampled but {masked} in the generations' loss masks")
-        rollout = {
-            "tokens": masked,
-            "seconds": seconds,
-            "cpu_seconds": cpu,
-            "calls": list(sampler.calls),
-            "steps": sampling_steps(sampler.completions, sampler.calls),
-            "reused_prompt_tokens": sampler.inner.reused_tokens - reused,
-            "prefilled_prompt_tokens": sampler.inner.prefilled_tokens - prefilled,
-            "cached_tokens_after": sampler.inner.cached_tokens,
-        }
+        rollout = _rollout_side(agent, sampler, env_list, seed)
         calls, recorded = list(sampler.calls), list(sampler.recorded)
-        plain.calls, plain.sampled, plain.completions = [], 0, []
-        prefilled = plain.inner.prefilled_tokens
-        start, cpu = time.perf_counter(), time.process_time()
-        for call_prompts, call_params in recorded:
-            plain.generate(call_prompts, call_params)
-        replay = {
-            "tokens": plain.sampled,
-            "seconds": time.perf_counter() - start,
-            "cpu_seconds": time.process_time() - cpu,
-            "calls": calls,
-            "steps": sampling_steps(plain.completions, calls),
-            "prefilled_prompt_tokens": plain.inner.prefilled_tokens - prefilled,
-        }
+        replay = _plain_side(plain, calls, recorded)
         replay["largest_logprob_gap"] = largest_logprob_gap(sampler.completions, plain.completions)
-        plain.calls, plain.sampled, plain.completions = [], 0, []
-        prefilled = plain.inner.prefilled_tokens
-        start, cpu = time.perf_counter(), time.process_time()
-        for i, rows in enumerate(calls):
-            plain.generate(prompts[:rows], SamplingParams(**{**params.__dict__, "seed": seed + i}))
-        first = {
-            "tokens": plain.sampled,
-            "seconds": time.perf_counter() - start,
-            "cpu_seconds": time.process_time() - cpu,
-            "calls": calls,
-            "steps": sampling_steps(plain.completions, calls),
-            "prefilled_prompt_tokens": plain.inner.prefilled_tokens - prefilled,
-        }
+        firsts = (  # made as the calls run, as the replay's were
+            (prompts[:rows], SamplingParams(**{**params.__dict__, "seed": seed + i})) for i, rows in enumerate(calls)
+        )
+        first = _plain_side(plain, calls, firsts)
         for name, side in (("rollout", rollout), ("plain", replay), ("plain_first_prompts", first)):
             side["tokens_per_s"] = side["tokens"] / side["seconds"]
             side["tokens_per_cpu_s"] = side["tokens"] / side["cpu_seconds"]

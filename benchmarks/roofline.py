@@ -12,18 +12,16 @@ What it measures, all with the same torch thread count (`--threads`, default 1: 
   forward, cross-entropy and backward, as `benchmarks.train_step`'s bare pass does; its useful FLOPs
   (`train_flops`: 6 per linear weight per token, plus causal attention) per second, as a share of the
   matmul peak (target >= 0.5).
-* batch-1 decode: `HFSampler` sampling one row (temperature 1, no stop) from a 128-token prompt; decode
-  tokens/s from the difference of a `--decode-tokens` + 1 and a 1-token generation, as a share of
-  bandwidth / weight bytes (target >= 0.5): every decode step must read every weight once. Three times: as the
-  trainer's sampler runs on a CPU (`decode="auto"`: static steps, `agents.samplers.static_decode`, their few-row
-  products as W @ x^T), with the model's own forward over a dynamic cache (its few-row linear layers as
-  W @ x^T, `agents.samplers.hf`), and the dynamic cache with `narrow_rows=0` (every layer `F.linear`).
-* the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows,
-  as `F.linear` (x @ W^T) and as W @ x^T (one row doubled, as the sampler does): the BLAS's own bound on a
-  decode step, beside the plain read.
+* batch-1 decode: `HFSampler` sampling one row (temperature 1, no stop) from a 128-token prompt; decode tokens/s
+  from the difference of a `--decode-tokens` + 1 and a 1-token generation, as a share of bandwidth / weight
+  bytes (target >= 0.5): every decode step must read every weight once. Three times: as the trainer's sampler
+  runs on a CPU (`decode="auto"`: static steps, `agents.samplers.static_decode`, few-row products as W @ x^T),
+  the model's own forward over a dynamic cache (`agents.samplers.hf`, few-row layers as W @ x^T), and the
+  dynamic cache with `narrow_rows=0` (every layer `F.linear`).
+* the rate at which the model's own linear layers stream their weights with 1, 2, 8 and 32 token rows, as
+  `F.linear` (x @ W^T) and as W @ x^T (one row doubled, as the sampler does): the BLAS's bound on a decode step.
 
-CPU only: on a GPU the same shares would need the device's own peak and bandwidth measured the same way,
-which this script does not do.
+CPU only: on a GPU the shares would need the device's own peak and bandwidth, which this script does not measure.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ import argparse
 import cProfile
 import pstats
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def _agreement(expected: list, got: list) -> tuple[int, float, list[tuple[int, int]]]:
@@ -40,7 +41,7 @@ def _agreement(expected: list, got: list) -> tuple[int, float, list[tuple[int, i
     return equal, gap, differ
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sampler_gpu", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="a model config folder (with tokenizer): random weights of that architecture")
@@ -49,13 +50,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--profile", action="store_true", help="also print cProfile and torch.profiler tables")
     parser.add_argument("--bf16", action="store_true", help="sample under bfloat16 autocast (the gpu preset's)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model on the GPU in float32 (random weights with `--config`) and its tokenizer, with a pad token."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from agents.records import SamplingParams
-    from agents.samplers.hf import HFSampler
 
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA device")
@@ -70,6 +71,73 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """Seconds of `fn()` on the GPU, synchronized before and after."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _generate_rate(model: Any, tokenizer: Any, prompts: list[list[int]], n_new: int) -> float:
+    """Tokens per second of `model.generate` on the same prompts, left-padded, every row to `n_new` tokens."""
+    import torch
+
+    rows, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((rows, width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    ids, mask = ids.cuda(), mask.cuda()
+    seconds = _timed(
+        lambda: model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=True,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    return rows * n_new / seconds
+
+
+def _profile(samplers: dict[str, Any], prompts: list[list[int]], n_new: int) -> None:
+    """Where each sampler's step goes: host (cProfile) and kernels (torch.profiler)."""
+    import torch
+
+    from agents.records import SamplingParams
+
+    for label, backend in samplers.items():
+        print(f"--- profile: {label}")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        backend.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
+        torch.cuda.synchronize()
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            backend.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    args = _parser().parse_args(argv)
+
+    import torch
+
+    from agents.records import SamplingParams
+    from agents.samplers.hf import HFSampler
+
+    model, tokenizer = _load(args)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
         sampler = HFSampler(model, tokenizer, max_batch_size=args.rows)
         graphs = HFSampler(model, tokenizer, max_batch_size=args.rows, decode="graphs")
@@ -86,13 +154,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         # the same static steps without graphs: tells a difference of the graphs from one of the step's kernels
         eager = HFSampler(model, tokenizer, max_batch_size=args.rows, decode="static").generate(prompts, greedy)
 
-        def timed(fn) -> float:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            return time.perf_counter() - start
-
         results: dict[str, float] = {}
         stops = SamplingParams(max_new_tokens=n_new, stop=("</search>", "</answer>"))
         plain = SamplingParams(max_new_tokens=n_new)
@@ -103,26 +164,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             ("graphs, no stop strings", graphs, plain),
         ]:
             out: list = []
-            seconds = timed(lambda b=backend, p=params, o=out: o.extend(b.generate(prompts, p)))
+            seconds = _timed(lambda b=backend, p=params, o=out: o.extend(b.generate(prompts, p)))
             results[label] = sum(len(c.token_ids) for c in out) / seconds
-        width = max(len(p) for p in prompts)
-        ids = torch.full((args.rows, width), tokenizer.pad_token_id)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.cuda(), mask.cuda()
-        seconds = timed(
-            lambda: model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=n_new,
-                min_new_tokens=n_new,
-                do_sample=True,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
-        results["model.generate"] = args.rows * n_new / seconds
+        results["model.generate"] = _generate_rate(model, tokenizer, prompts, n_new)
         print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.rows} rows x {n_new} new tokens")
         for label, rate in results.items():
             print(f"{label:28s} {rate:8.0f} tokens/s   {args.rows / rate * 1e3:6.1f} ms per decode step")
@@ -138,19 +182,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             )
             results[f"greedy rows equal, {label}"] = equal
         print(f"graphs captured {captured}, after the timed calls {graphs._static.captured}")
-        if args.profile:  # where each sampler's step goes: host (cProfile) and kernels (torch.profiler)
-            for label, backend in [("dynamic cache", sampler), ("graphs", graphs)]:
-                print(f"--- profile: {label}")
-                profiler = cProfile.Profile()
-                profiler.enable()
-                backend.generate(prompts, SamplingParams(max_new_tokens=n_new, stop=("</search>",)))
-                torch.cuda.synchronize()
-                profiler.disable()
-                pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
-                activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-                with torch.profiler.profile(activities=activities) as prof:
-                    backend.generate(prompts, SamplingParams(max_new_tokens=16, stop=("</search>",)))
-                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        if args.profile:
+            _profile({"dynamic cache": sampler, "graphs": graphs}, prompts, n_new)
     return results
 
 

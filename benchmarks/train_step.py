@@ -1,33 +1,20 @@
 """Where a training step's time goes, how close the trainer's forward/backward is to a bare one and to the
 machine's matmul peak, and how much of it is padding.
 
-Runs the RED trainer (same flags as ``python -m algos.red_grpo``; default preset cpu without CUDA, gpu
-with it) for a warm-up step and one measured step, then times a bare forward + backward of the same
-model on the same token batch (the step's RL micro-batches and its SFT minibatch: logits, plain
-cross-entropy, backward; no masking, no loss terms). Prints the split of the measured step and the
-checks against the targets:
+Runs the RED trainer (same flags as ``python -m algos.red_grpo``; default preset cpu without CUDA, gpu with it)
+for a warm-up step and one measured step, then times a bare forward + backward of the same model on the same
+token batch (the step's RL micro-batches and its SFT minibatch: logits, plain cross-entropy, backward), alternating
+with the trainer's own passes (`measure`). Prints the split of the measured step and the checks against the targets:
 
 - env + retrieval (rollout time outside the sampler) <= 5% of the step;
 - the trainer's forward/backward tokens/s >= 0.8 x the bare forward/backward tokens/s;
-- padding <= 5% of the tokens through forward/backward (`algos.batch.micro_batches` groups rows of
-  similar length), RL and SFT micro-batches alike; printed beside what the earlier grouping (longest
-  first, by the token budget alone: ``max_padding=1``) gives on the same lengths, for the two steps' RL
-  batches and for the SFT minibatches of the run's first 256 steps (real demonstration lengths);
-- the trainer's useful forward/backward FLOP/s (real tokens only, the LM head where the loss mask is,
-  `benchmarks.roofline.train_flops`) >= 0.5 of this machine's fp32 matmul peak, measured in the same run
-  (`benchmarks.roofline.matmul_peak`), for both groupings.
+- padding <= 5% of the tokens through forward/backward (`algos.batch.micro_batches`), RL and SFT alike, beside the
+  earlier grouping (longest first, by the token budget alone: ``max_padding=1``) on the same lengths;
+- the trainer's useful forward/backward FLOP/s (real tokens only, `benchmarks.roofline.train_flops`) >= 0.5 of
+  this machine's fp32 matmul peak (`benchmarks.roofline.matmul_peak`), for both groupings.
 
-The targets are about full-gradient passes (``--context-grad``). Beside them, on the same batch, the trainer's
-forward/backward with the gradient through the model's own tokens only (``--no-context-grad``,
-`algos.batch.scored_hidden`: same log-probs, narrower gradient) and its speed-up over the full gradient.
-
-The forward/backward passes (bare; trainer; trainer with the earlier grouping; trainer without the context's
-gradient) are timed alternately
-(``--repeats`` times each, after the measured step) and the best of each is compared, so a busy shared
-machine skews no side.
-
-Every RL context runs forward/backward here (``skip_zero_advantage`` off), so the measured step does
-the full work even when all rewards of a group tie.
+The targets are about full-gradient passes (``--context-grad``); the gradient through the model's own tokens only
+(``--no-context-grad``) is timed beside them. Every RL context runs (``skip_zero_advantage`` off).
 
     python -m benchmarks.train_step                       # cpu preset sizes on CPU, SmolLM2-135M
     python -m benchmarks.train_step --preset tiny         # seconds; a smoke test of the script
@@ -45,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,7 +40,9 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 import algos.trainer
-from algos.config import parse_config
+from algos.batch import trim_rows
+from algos.cli import parse_config
+from algos.config import Config
 from algos.trainer import Trainer, micro_batches
 from benchmarks.roofline import matmul_peak, train_flops
 
@@ -121,9 +111,9 @@ def bare_forward_backward(trainer: Trainer, batches: Sequence[tuple[TensorDict, 
     start = time.perf_counter()
     for batch, groups in batches:
         for rows in groups:
-            part = trainer._rows(batch, rows)
+            part = trim_rows(batch, rows, trainer.device)
             ids, attn = part["input_ids"], part["attention_mask"]  # (n, L)
-            with trainer._autocast():
+            with trainer.autocast():
                 logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, L, V)
                 labels = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)  # (n, L-1)
                 loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
@@ -148,15 +138,190 @@ def trainer_forward_backward(trainer: Trainer, batch: TensorDict, sft: TensorDic
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    trainer._rl_backward(batch)
-    if sft is not None:
-        trainer._sft_backward(sft, sft_coef)
+    trainer.accumulate_gradients(batch, sft, sft_coef)
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.policy.eval()
     return seconds
+
+
+@dataclass
+class Measured:
+    """What one benchmark run measured, before it is summed up (`measure`)."""
+
+    metrics: dict[str, float]
+    """The measured step's metrics row."""
+    contexts: int
+    """RL contexts of the measured step."""
+    rl_lengths: list[list[int]]
+    """Real lengths of the RL rows, one list per step (warm-up, measured)."""
+    sft_lengths: list[list[int]]
+    """Real lengths of the SFT minibatches of steps 0..SFT_STEPS-1 ([] without demonstrations)."""
+    seconds: dict[str, list[float]]
+    """Forward/backward timings by side: ``bare``, ``trainer``, ``earlier`` (grouping), ``narrow`` (gradient)."""
+    bare_tokens: int
+    """Real tokens through the bare forward/backward."""
+    device: str
+    """The trainer's device."""
+    peak: float | None
+    """This machine's fp32 matmul peak in FLOP/s (CPU only; None on a GPU)."""
+    flops: float
+    """Useful FLOPs of the trainer's forward/backward on the measured batch."""
+
+
+def measure(config: Config, repeats: int) -> Measured:
+    """Run a warm-up step and a measured step of `config`'s trainer, then time the forward/backward passes.
+
+    Bare and trainer passes (and the trainer with the earlier grouping, and without the context's gradient)
+    alternate on the same batch, `repeats` times each: the best of each is compared, as the machine may be shared.
+    The targets compare full-gradient passes; the gradient through the model's own tokens only
+    (``--no-context-grad``) is timed beside them on the same batch.
+    """
+    trainer = Trainer(config)
+    try:
+        warm_up = trainer.collect_rollouts()  # first-call allocations, lazy initialisation
+        trainer.update(warm_up)
+        rollouts = trainer.collect_rollouts()
+        metrics = trainer.update(rollouts)
+        batch, sft = rollouts.batch, None
+        rl_lengths = [warm_up.batch["attention_mask"].sum(-1).tolist(), batch["attention_mask"].sum(-1).tolist()]
+        batches = [(batch, trainer.rl_micro_batches(batch))]
+        sft_lengths: list[list[int]] = []
+        if "loss_sft" in metrics:
+            sft = trainer.sft_minibatch(trainer.step - 1)
+            batches.append((sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.micro_batch_tokens)))
+            demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
+            sft_lengths = [[demo_lengths[i] for i in trainer.sft_indices(step)] for step in range(SFT_STEPS)]
+        sft_coef = metrics.get("sft/weight", 1.0) * config.sft_coef
+        peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
+        full, narrow = dataclasses.replace(config, context_grad=True), dataclasses.replace(config, context_grad=False)
+        seconds: dict[str, list[float]] = {"bare": [], "trainer": [], "earlier": [], "narrow": []}
+        seconds["trainer" if config.context_grad else "narrow"].append(metrics["time/forward_backward"])
+        for _ in range(repeats):
+            bare, bare_tokens = bare_forward_backward(trainer, batches)
+            seconds["bare"].append(bare)
+            trainer.config = full
+            seconds["trainer"].append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+            with earlier_grouping():
+                seconds["earlier"].append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+            trainer.config = narrow
+            seconds["narrow"].append(trainer_forward_backward(trainer, batch, sft, sft_coef))
+        trainer.config = config
+        flops = useful_flops(trainer, batch, sft)
+        contexts = int(batch.batch_size[0])
+        return Measured(
+            metrics, contexts, rl_lengths, sft_lengths, seconds, bare_tokens, str(trainer.device), peak, flops
+        )
+    finally:
+        trainer.close()
+
+
+def summarise(config: Config, measured: Measured, repeats: int) -> dict[str, Any]:
+    """The benchmark's result: the step's split, tokens/s, padding and FLOP shares, as `main` prints them."""
+    metrics, seconds = measured.metrics, measured.seconds
+    trainer_seconds = min(seconds["trainer"])
+    trainer_tps = metrics["tokens/trained"] / trainer_seconds
+    bare_tps = measured.bare_tokens / min(seconds["bare"])
+    budget = config.micro_batch_tokens
+    padding = {
+        "rl": padding_of(measured.rl_lengths, budget, 0.05),
+        "rl_earlier": padding_of(measured.rl_lengths, budget, 1.0),
+        "sft": padding_of(measured.sft_lengths, budget, 0.05),
+        "sft_earlier": padding_of(measured.sft_lengths, budget, 1.0),
+    }
+    flops_share = None
+    if measured.peak is not None:
+        flops_share = {
+            "trainer": measured.flops / trainer_seconds / measured.peak,
+            "trainer_earlier_grouping": measured.flops / min(seconds["earlier"]) / measured.peak,
+        }
+    return {
+        "device": measured.device,
+        "model": config.model or "SmolLM2-135M-Instruct",
+        "preset": config.preset,
+        "questions_per_step": config.questions_per_step,
+        "group_size": config.group_size,
+        "contexts": measured.contexts,
+        "tokens_sampled": metrics["tokens/sampled"],
+        "tokens_trained": metrics["tokens/trained"],
+        "time": {k.split("/", 1)[1]: metrics[k] for k in metrics if k.startswith("time/") and k != "time/elapsed"},
+        "trainer_fwd_bwd_tokens_per_s": trainer_tps,
+        "bare_fwd_bwd_tokens_per_s": bare_tps,
+        "bare_tokens": measured.bare_tokens,
+        "trainer_fwd_bwd_seconds": seconds["trainer"],
+        "repeats": repeats,
+        "env_share": metrics["time/env_and_retrieval"] / metrics["time/step"],
+        "fwd_bwd_ratio": trainer_tps / bare_tps,
+        "earlier_grouping_fwd_bwd_seconds": seconds["earlier"],
+        "no_context_grad_fwd_bwd_seconds": seconds["narrow"],
+        "no_context_grad_speedup": trainer_seconds / min(seconds["narrow"]),
+        "padding_share": padding,
+        "rl_lengths": measured.rl_lengths,
+        "matmul_peak_flops": measured.peak,
+        "useful_fwd_bwd_flops": measured.flops,
+        "fwd_bwd_share_of_matmul_peak": flops_share,
+    }
+
+
+def print_split(config: Config, result: dict[str, Any], metrics: dict[str, float], bare_seconds: float) -> None:
+    """Print the measured step's split and the forward/backward speeds."""
+    step = metrics["time/step"]
+    trainer_seconds, narrow_seconds = result["trainer_fwd_bwd_seconds"], result["no_context_grad_fwd_bwd_seconds"]
+    print(
+        f"train step on {result['device']}: {result['model']}, preset {config.preset}, "
+        f"{config.questions_per_step} questions x {config.group_size} episodes = {result['contexts']} contexts, "
+        f"{result['tokens_sampled']} sampled tokens, {result['tokens_trained']} trained tokens (RL + SFT)"
+    )
+    print(f"{'part':<28}{'seconds':>10}{'share':>9}")
+    for key in ("generation", "env_and_retrieval", "old_logp", "forward_backward", "optimizer"):
+        seconds = metrics[f"time/{key}"]
+        print(f"{key:<28}{seconds:>10.2f}{seconds / step:>9.1%}")
+    print(f"{'step (total)':<28}{step:>10.2f}{1:>9.1%}")
+    print(f"training tokens/s in the step (trainer fwd/bwd): {metrics['tokens/s']:.0f}")
+    print(
+        f"trainer fwd/bwd tokens/s, best of {len(trainer_seconds)}:     {result['trainer_fwd_bwd_tokens_per_s']:.0f} "
+        f"({metrics['tokens/trained']} tokens in {min(trainer_seconds):.2f} s)"
+    )
+    print(
+        f"bare fwd/bwd tokens/s, same batch, best of {result['repeats']}: {result['bare_fwd_bwd_tokens_per_s']:.0f} "
+        f"({result['bare_tokens']} tokens in {bare_seconds:.2f} s)"
+    )
+    print(
+        f"trainer fwd/bwd with gradient through the model's own tokens only (--no-context-grad), best of "
+        f"{len(narrow_seconds)}: {min(narrow_seconds):.2f} s = {result['no_context_grad_speedup']:.2f}x the full "
+        f"gradient's speed, same batch, same log-probs"
+    )
+
+
+def print_checks(result: dict[str, Any]) -> None:
+    """Print the checks against the targets."""
+    verdict = lambda ok: "ok" if ok else "MISSED"
+    env_share, ratio, padding = result["env_share"], result["fwd_bwd_ratio"], result["padding_share"]
+    print(
+        f"env+retrieval share of the step: {env_share:.1%} (target <= {ENV_SHARE_TARGET:.0%}: "
+        f"{verdict(env_share <= ENV_SHARE_TARGET)})"
+    )
+    print(
+        f"trainer / bare fwd+bwd tokens/s: {ratio:.2f} (target >= {FWD_BWD_RATIO_TARGET}: "
+        f"{verdict(ratio >= FWD_BWD_RATIO_TARGET)})"
+    )
+    for part, what in (("rl", "RL batches of the 2 steps"), ("sft", f"SFT minibatches of steps 0-{SFT_STEPS - 1}")):
+        share = padding[part]
+        print(
+            f"padding share of fwd/bwd tokens, {what}: {share:.1%} (earlier grouping: "
+            f"{padding[part + '_earlier']:.1%}; target <= {PADDING_TARGET:.0%}: {verdict(share <= PADDING_TARGET)})"
+        )
+    flops_share = result["fwd_bwd_share_of_matmul_peak"]
+    if flops_share is not None:
+        share, peak, flops = flops_share["trainer"], result["matmul_peak_flops"], result["useful_fwd_bwd_flops"]
+        trainer_seconds = min(result["trainer_fwd_bwd_seconds"])
+        print(
+            f"trainer fwd/bwd useful FLOP/s: {flops / trainer_seconds / 1e9:.1f} GFLOP/s = {share:.2f} of the "
+            f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (target >= {PEAK_SHARE_TARGET}: "
+            f"{verdict(share >= PEAK_SHARE_TARGET)}); earlier grouping {flops_share['trainer_earlier_grouping']:.2f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -172,136 +337,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = dataclasses.replace(
         config, steps=2, save_every=0, run_dir=run_dir, wandb=False, progress=False, skip_zero_advantage=False
     )
-    trainer = Trainer(config)
     try:
-        trainer.train_step()  # warm-up: first-call allocations, lazy initialisation
-        rl_lengths = [trainer.last_batch["attention_mask"].sum(-1).tolist()]
-        metrics = trainer.train_step()
-        batch, sft = trainer.last_batch, None
-        rl_lengths.append(batch["attention_mask"].sum(-1).tolist())
-        batches = [(batch, trainer.last_micro_batches)]
-        sft_lengths: list[list[int]] = []
-        if "loss_sft" in metrics:
-            sft = trainer.sft_minibatch(trainer.step - 1)
-            batches.append((sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.micro_batch_tokens)))
-            demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
-            sft_lengths = [[demo_lengths[i] for i in trainer.sft_indices(step)] for step in range(SFT_STEPS)]
-        sft_coef = metrics.get("sft/weight", 1.0) * config.sft_coef
-        peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
-        # alternate bare and trainer passes (and the trainer with the earlier grouping) on the same batch;
-        # best of each (the machine may be shared)
-        # the targets compare full-gradient passes; the gradient through the model's own tokens only
-        # (--no-context-grad) is timed beside them on the same batch
-        full, narrow = dataclasses.replace(config, context_grad=True), dataclasses.replace(config, context_grad=False)
-        trainer_seconds, bare_seconds, earlier_seconds, narrow_seconds = [], [], [], []
-        (trainer_seconds if config.context_grad else narrow_seconds).append(metrics["time/forward_backward"])
-        for _ in range(own.repeats):
-            seconds, bare_tokens = bare_forward_backward(trainer, batches)
-            bare_seconds.append(seconds)
-            trainer.config = full
-            trainer_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
-            with earlier_grouping():
-                earlier_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
-            trainer.config = narrow
-            narrow_seconds.append(trainer_forward_backward(trainer, batch, sft, sft_coef))
-        trainer.config = config
-        bare_seconds = min(bare_seconds)
-        flops = useful_flops(trainer, batch, sft)
+        measured = measure(config, own.repeats)
     finally:
-        trainer.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-
-    step = metrics["time/step"]
-    trainer_tps = metrics["tokens/trained"] / min(trainer_seconds)
-    narrow_speedup = min(trainer_seconds) / min(narrow_seconds)
-    bare_tps = bare_tokens / bare_seconds
-    env_share = metrics["time/env_and_retrieval"] / step
-    ratio = trainer_tps / bare_tps
-    budget = config.micro_batch_tokens
-    padding = {
-        "rl": padding_of(rl_lengths, budget, 0.05),
-        "rl_earlier": padding_of(rl_lengths, budget, 1.0),
-        "sft": padding_of(sft_lengths, budget, 0.05),
-        "sft_earlier": padding_of(sft_lengths, budget, 1.0),
-    }
-    flops_share = None
-    if peak is not None:
-        flops_share = {
-            "trainer": flops / min(trainer_seconds) / peak,
-            "trainer_earlier_grouping": flops / min(earlier_seconds) / peak,
-        }
-    result = {
-        "device": str(trainer.device),
-        "model": config.model or "SmolLM2-135M-Instruct",
-        "preset": config.preset,
-        "questions_per_step": config.questions_per_step,
-        "group_size": config.group_size,
-        "contexts": int(trainer.last_batch.batch_size[0]),
-        "tokens_sampled": metrics["tokens/sampled"],
-        "tokens_trained": metrics["tokens/trained"],
-        "time": {k.split("/", 1)[1]: metrics[k] for k in metrics if k.startswith("time/") and k != "time/elapsed"},
-        "trainer_fwd_bwd_tokens_per_s": trainer_tps,
-        "bare_fwd_bwd_tokens_per_s": bare_tps,
-        "bare_tokens": bare_tokens,
-        "trainer_fwd_bwd_seconds": trainer_seconds,
-        "repeats": own.repeats,
-        "env_share": env_share,
-        "fwd_bwd_ratio": ratio,
-        "earlier_grouping_fwd_bwd_seconds": earlier_seconds,
-        "no_context_grad_fwd_bwd_seconds": narrow_seconds,
-        "no_context_grad_speedup": narrow_speedup,
-        "padding_share": padding,
-        "rl_lengths": rl_lengths,
-        "matmul_peak_flops": peak,
-        "useful_fwd_bwd_flops": flops,
-        "fwd_bwd_share_of_matmul_peak": flops_share,
-    }
-    print(
-        f"train step on {result['device']}: {result['model']}, preset {config.preset}, "
-        f"{config.questions_per_step} questions x {config.group_size} episodes = {result['contexts']} contexts, "
-        f"{result['tokens_sampled']} sampled tokens, {result['tokens_trained']} trained tokens (RL + SFT)"
-    )
-    print(f"{'part':<28}{'seconds':>10}{'share':>9}")
-    for key in ("generation", "env_and_retrieval", "old_logp", "forward_backward", "optimizer"):
-        seconds = metrics[f"time/{key}"]
-        print(f"{key:<28}{seconds:>10.2f}{seconds / step:>9.1%}")
-    print(f"{'step (total)':<28}{step:>10.2f}{1:>9.1%}")
-    print(f"training tokens/s in the step (trainer fwd/bwd): {metrics['tokens/s']:.0f}")
-    print(
-        f"trainer fwd/bwd tokens/s, best of {len(trainer_seconds)}:     {trainer_tps:.0f} "
-        f"({metrics['tokens/trained']} tokens in {min(trainer_seconds):.2f} s)"
-    )
-    print(
-        f"bare fwd/bwd tokens/s, same batch, best of {own.repeats}: {bare_tps:.0f} "
-        f"({bare_tokens} tokens in {bare_seconds:.2f} s)"
-    )
-    print(
-        f"trainer fwd/bwd with gradient through the model's own tokens only (--no-context-grad), best of "
-        f"{len(narrow_seconds)}: {min(narrow_seconds):.2f} s = {narrow_speedup:.2f}x the full gradient's speed, "
-        f"same batch, same log-probs"
-    )
-    verdict = lambda ok: "ok" if ok else "MISSED"
-    print(
-        f"env+retrieval share of the step: {env_share:.1%} (target <= {ENV_SHARE_TARGET:.0%}: "
-        f"{verdict(env_share <= ENV_SHARE_TARGET)})"
-    )
-    print(
-        f"trainer / bare fwd+bwd tokens/s: {ratio:.2f} (target >= {FWD_BWD_RATIO_TARGET}: "
-        f"{verdict(ratio >= FWD_BWD_RATIO_TARGET)})"
-    )
-    for part, what in (("rl", "RL batches of the 2 steps"), ("sft", f"SFT minibatches of steps 0-{SFT_STEPS - 1}")):
-        share = padding[part]
-        print(
-            f"padding share of fwd/bwd tokens, {what}: {share:.1%} (earlier grouping: "
-            f"{padding[part + '_earlier']:.1%}; target <= {PADDING_TARGET:.0%}: {verdict(share <= PADDING_TARGET)})"
-        )
-    if flops_share is not None:
-        share = flops_share["trainer"]
-        print(
-            f"trainer fwd/bwd useful FLOP/s: {flops / min(trainer_seconds) / 1e9:.1f} GFLOP/s = {share:.2f} of the "
-            f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (target >= {PEAK_SHARE_TARGET}: "
-            f"{verdict(share >= PEAK_SHARE_TARGET)}); earlier grouping {flops_share['trainer_earlier_grouping']:.2f}"
-        )
+    result = summarise(config, measured, own.repeats)
+    print_split(config, result, measured.metrics, min(measured.seconds["bare"]))
+    print_checks(result)
     print(json.dumps(result))
     return result
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +181,7 @@ class RAGEnv(gym.Env[str, str]):
     | max_executor_turns | 3 | coda: executor turns per task |
     | max_action_chars | 16384 | longer actions are invalid (>= 1) |
     | query_cache | 4096 | LRU cache of query results shared by all envs on a named retriever or URL (0: off) |
-    | reward_weights | RewardWeights() | weights of the episode reward |
+    | reward_weights | RewardWeights() | weights of the episode reward (or a dict of them, e.g. {"recall": 1.0}) |
     | render_mode | None | None or "ansi" (the episode transcript) |
     | retriever_timeout | 30.0 | server URL only: seconds allowed for each request |
     | retriever_retries | 2 | server URL only: retries of a failed request (a search waits <= timeout x (retries+1)) |
@@ -245,7 +246,7 @@ class RAGEnv(gym.Env[str, str]):
         max_executor_turns: int = 3,
         max_action_chars: int = 16384,
         query_cache: int = 4096,
-        reward_weights: RewardWeights = RewardWeights(),
+        reward_weights: RewardWeights | Mapping[str, float] = RewardWeights(),
         render_mode: str | None = None,
         retriever_timeout: float = 30.0,
         retriever_retries: int = 2,
@@ -294,6 +295,8 @@ class RAGEnv(gym.Env[str, str]):
         self.autoreset_same_question = bool(autoreset_same_question)
         """Whether a reset that names no question re-asks the last question a reset named."""
         self._named_index: int | None = None
+        if not isinstance(reward_weights, RewardWeights):  # a dict: JSON-ready run configs pass the weights so
+            reward_weights = RewardWeights(**reward_weights)
         self.reward_weights = reward_weights
         self.render_mode = render_mode
         self.query_cache = query_cache
@@ -391,9 +394,29 @@ class RAGEnv(gym.Env[str, str]):
         episode.malformed_tags |= parsed.malformed_tags
         episode.refines.extend(parsed.refines)
         info: dict[str, Any] = {"invalid_action": not parsed.valid, "acted_role": role}
+        obs, new_context, answer = self._run_tool(parsed, role, info)
+        obs = self._count_turn(role, obs, info)
+
+        terminated = answer is not None
+        truncated = not terminated and (
+            (role == "agent" and episode.turns >= self.max_turns)
+            or (episode.role == "planner" and episode.planner_turns >= self.max_planner_turns)
+        )
+        reward = 0.0
+        if terminated or truncated:
+            episode.done = True
+            reward = self._finish(answer, info)
+        if not new_context:
+            episode.transcript.append(("env", obs))
+        info.setdefault("role", episode.role)
+        info.setdefault("new_context", new_context)
+        return obs, reward, terminated, truncated, info
+
+    def _run_tool(self, parsed: protocol.ParsedAction, role: str, info: dict[str, Any]) -> tuple[str, bool, str | None]:
+        """Carry out `role`'s parsed action: ``(obs, whether it opened a new context, the final answer or None)``."""
+        episode = self._episode
         answer: str | None = None
         obs, new_context = "", False
-
         if not parsed.valid:
             episode.invalid_actions += 1
             info["error"] = _excerpt(parsed.error)
@@ -414,7 +437,11 @@ class RAGEnv(gym.Env[str, str]):
             info["sub_answer"] = parsed.argument
         else:
             answer = parsed.argument
+        return obs, new_context, answer
 
+    def _count_turn(self, role: str, obs: str, info: dict[str, Any]) -> str:
+        """Count the turn `role` just took; an executor out of turns hands control back (its reply replaces `obs`)."""
+        episode = self._episode
         if role == "agent":
             episode.turns += 1
         elif role == "planner":
@@ -427,21 +454,7 @@ class RAGEnv(gym.Env[str, str]):
                 obs = f"\n<result>no answer: the worker used its {self.max_executor_turns} turns</result>\n"
                 episode.role = "planner"
                 info["executor_truncated"] = True
-
-        terminated = answer is not None
-        truncated = not terminated and (
-            (role == "agent" and episode.turns >= self.max_turns)
-            or (episode.role == "planner" and episode.planner_turns >= self.max_planner_turns)
-        )
-        reward = 0.0
-        if terminated or truncated:
-            episode.done = True
-            reward = self._finish(answer, info)
-        if not new_context:
-            episode.transcript.append(("env", obs))
-        info.setdefault("role", episode.role)
-        info.setdefault("new_context", new_context)
-        return obs, reward, terminated, truncated, info
+        return obs
 
     def search_request(self, action: str) -> tuple[Any, str, int] | None:
         """The search `step(action)` would send now, as ``(retriever, query, k)``; None when it would send none.
@@ -479,7 +492,8 @@ class RAGEnv(gym.Env[str, str]):
         f1 = f1_score(answer, golds) if answer is not None else 0.0
         fmt = format_score(episode.used_tags, episode.malformed_tags)
         refine = refine_score(episode.refines, golds)
-        reward = episode_reward(f1, fmt, refine, self.reward_weights)
+        recall = title_recall(episode.retrieved_titles, episode.example.gold_titles)
+        reward = episode_reward(f1, fmt, refine, self.reward_weights, recall)
         info.update(
             answer=answer,
             gold_answers=list(golds),
@@ -490,7 +504,7 @@ class RAGEnv(gym.Env[str, str]):
             refine=refine,
             num_searches=episode.num_searches,
             num_tasks=episode.num_tasks,
-            recall=title_recall(episode.retrieved_titles, episode.example.gold_titles),
+            recall=recall,
             invalid_actions=episode.invalid_actions,
             num_actions=episode.actions,
             retrieval_errors=episode.retrieval_errors,

@@ -8,11 +8,13 @@ takes the max over them.
 
 The episode reward (all weights in `RewardWeights`) is
 
-    reward = answer * F1 + offset + format * format_score + refine * refine_score   (seed: 6*F1 - 3 + 0.1 + 0.1)
+    reward = answer * F1 + offset + format * format_score + refine * refine_score + recall * evidence_recall
+             (seed: 6*F1 - 3 + 0.1 + 0.1 + 0)
 
 where format_score is graduated (0.25 per protocol tag the episode used, always well-formed, capped at
-1) and refine_score is the share of <refine> blocks that contain a normalized gold answer. No answer
-scores as F1 = 0.
+1), refine_score is the share of <refine> blocks that contain a normalized gold answer, and evidence_recall
+the share of gold titles among the passages the episode's searches returned (`title_recall`; off by default, a
+credit for the search itself). No answer scores as F1 = 0.
 """
 
 from __future__ import annotations
@@ -109,16 +111,22 @@ class RewardWeights:
     """Weight of the graduated format score."""
     refine: float = 0.1
     """Weight of the refine score."""
+    recall: float = 0.0
+    """Weight of the evidence recall: the share of gold titles the episode's searches returned."""
 
     @property
     def maximum(self) -> float:
-        """The best reward an episode can get (F1, format and refine all 1)."""
-        return self.answer + self.offset + self.format + self.refine
+        """The best reward an episode can get (F1, format, refine and recall all 1)."""
+        return self.answer + self.offset + self.format + self.refine + self.recall
 
 
-def episode_reward(f1: float, fmt: float, refine: float, weights: RewardWeights = RewardWeights()) -> float:
+def episode_reward(
+    f1: float, fmt: float, refine: float, weights: RewardWeights = RewardWeights(), recall: float = 0.0
+) -> float:
     """The scalar episode reward from its components (pass f1=0 when the agent never answered)."""
-    return weights.answer * f1 + weights.offset + weights.format * fmt + weights.refine * refine
+    return (
+        weights.answer * f1 + weights.offset + weights.format * fmt + weights.refine * refine + weights.recall * recall
+    )
 
 
 def title_recall(retrieved_titles: Iterable[str], gold_titles: Sequence[str]) -> float:

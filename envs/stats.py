@@ -3,25 +3,21 @@
 Two intervals for the mean of per-question scores (EM, F1, searches, ...):
 
 * `t_interval`: Student's t interval, mean +- t_{(1+c)/2, n-1} * s / sqrt(n). The default: per-question
-  metrics are bounded, and at the sizes benchmarks use (n >= 100) the central limit theorem makes it
-  accurate.
+  metrics are bounded, and at the sizes benchmarks use (n >= 100) the central limit theorem makes it accurate.
 * `bootstrap_interval`: percentile bootstrap over questions (seeded); no normality assumption, for small
   or very skewed samples.
 * `wilson_interval`: Wilson's score interval for a rate (every value 0 or 1: EM, valid answers). Unlike the t
-  interval it stays inside [0, 1] and is not zero-width at 0% or 100%: a valid-answer rate of 0.98 over 100
-  questions is 0.980 [0.930, 0.994], where t gives [0.952, 1.008].
+  interval it stays inside [0, 1] and is not zero-width at 0% or 100%.
 
 `mean_ci` picks one by name (`method`); an evaluation's metrics take Wilson's for the rates
 (`agents.evaluation.RATES`) and t for the rest.
 
-`paired_difference` gives the interval of a mean difference between two systems scored on the same
-questions (paired by question), which is much tighter than comparing two separate intervals;
-`paired_permutation_p` is its two-sided p-value under "no difference" (random sign flips of the per-question
-differences), which needs no normality.
+`paired_difference` gives the interval of a mean difference between two systems scored on the same questions
+(paired by question), much tighter than two separate intervals; `paired_permutation_p` is its two-sided p-value
+under "no difference" (random sign flips of the per-question differences), which needs no normality.
 
-The held-out evaluation (`agents.evaluation`), the trainer's before/after table (`algos.evaluation`) and the
-benchmark scripts all take their intervals from here. Plain NumPy (SciPy for t quantiles, imported when first
-needed), no torch, so it sits beside the episode metrics (`envs.metrics`) below every layer that uses it.
+The evaluations (`agents.evaluation`, `algos.evaluation`) and the benchmark scripts take their intervals from
+here. Plain NumPy (SciPy for t quantiles, imported when first needed), no torch, below every layer that uses it.
 
     from envs.stats import mean_ci
     ci = mean_ci([0.0, 1.0, 0.5, 1.0])
@@ -132,7 +128,8 @@ def wilson_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.
     """Wilson's score interval for a rate: the values are successes (1) and failures (0).
 
     (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), with p the observed rate and z the normal
-    quantile; it lies inside [0, 1] at every p, including 0 and 1.
+    quantile; it lies inside [0, 1] at every p, including 0 and 1: a rate of 0.98 over 100 values is
+    0.980 [0.930, 0.994], where the t interval gives [0.952, 1.008].
     """
     array = _as_array(values)
     if not np.all((array == 0) | (array == 1)):

@@ -13,37 +13,7 @@ A researcher trains on a new task by writing a task file instead of an env:
     obs, info = env.reset(options={"index": 0})
     obs, reward, terminated, truncated, info = env.step("<think>3 * 4 = 12</think><answer>12</answer>")
 
-A task file (YAML, read with `yaml.safe_load`):
-
-    name: arithmetic                  # optional, defaults to the file's stem
-    description: ...                  # optional
-    system_prompt: |                  # required: the instructions the agent sees first
-      Solve the problem; put the final number inside <answer> and </answer>.
-    max_turns: 2                      # optional, default 1: turns before the episode is truncated
-    no_response_reward: 0.0           # optional: the reward of an episode without any valid action
-    items:                            # the questions: a list of {prompt, answer}; or instead
-      - {prompt: "What is 3 * 4?", answer: 12}
-    items_file: items.jsonl           # JSON lines of {prompt, answer}, relative to the task file
-    code: |                           # Python source defining the functions below; or instead
-      def score(response, answer): ...
-    module: my_task.py                # a Python file defining them, relative to the task file
-
-The functions (only `score` is required):
-
-* ``score(response: str, answer) -> float``: the episode's reward. `response` is the last valid action of
-  the episode; `answer` is the item's answer exactly as written in the file (a number stays a number).
-* ``split_turn(text: str) -> str | None``: the action in one raw turn (say, the content of an
-  ``<answer>`` tag), or None when the turn holds no valid action (the env flags it and the turn is used up).
-  Default: the stripped text, None when empty.
-* ``is_done(history: list[dict]) -> bool``: whether the episode has ended, asked after every turn. Default:
-  as soon as a turn holds a valid action.
-* ``feedback(history: list[dict], answer) -> str``: the env's reply to a turn that did not end the
-  episode. Default: a reminder to follow the instructions.
-
-``history`` is the conversation so far as chat messages, ``{"role": "system" | "user" | "assistant",
-"content": str}``, the assistant's also holding ``"action"`` (split_turn's result); functions get a copy.
-Errors raised by task code are the task author's bugs: they propagate as `TaskCodeError`, naming the task
-and the function, and tracebacks of inline ``code`` point at lines of the task file.
+The task file's format is `load_task`'s; the functions a task defines, and what they get, are `Task`'s.
 """
 
 from __future__ import annotations
@@ -115,6 +85,23 @@ class Task:
     """A text task: instructions, items and the functions that score and drive an episode.
 
     Build one in Python (your own functions, nothing to trust) or with `load_task` from a task file.
+
+    The functions (only `score` is required):
+
+    * ``score(response: str, answer) -> float``: the episode's reward. `response` is the last valid action of
+      the episode; `answer` is the item's answer exactly as written in the file (a number stays a number).
+    * ``split_turn(text: str) -> str | None``: the action in one raw turn (say, the content of an
+      ``<answer>`` tag), or None when the turn holds no valid action (the env flags it and the turn is used up).
+      Default: the stripped text, None when empty.
+    * ``is_done(history: list[dict]) -> bool``: whether the episode has ended, asked after every turn. Default:
+      as soon as a turn holds a valid action.
+    * ``feedback(history: list[dict], answer) -> str``: the env's reply to a turn that did not end the
+      episode. Default: a reminder to follow the instructions.
+
+    ``history`` is the conversation so far as chat messages, ``{"role": "system" | "user" | "assistant",
+    "content": str}``, the assistant's also holding ``"action"`` (split_turn's result); functions get a copy.
+    Errors raised by task code are the task author's bugs: they propagate as `TaskCodeError`, naming the task
+    and the function, and tracebacks of inline ``code`` point at lines of the task file.
     """
 
     name: str
@@ -152,6 +139,21 @@ class Task:
 
 def load_task(path: str | os.PathLike, *, trust_code: bool = False) -> Task:
     """Load a task file, running the Python code it holds.
+
+    A task file (YAML, read with `yaml.safe_load`):
+
+        name: arithmetic                  # optional, defaults to the file's stem
+        description: ...                  # optional
+        system_prompt: |                  # required: the instructions the agent sees first
+          Solve the problem; put the final number inside <answer> and </answer>.
+        max_turns: 2                      # optional, default 1: turns before the episode is truncated
+        no_response_reward: 0.0           # optional: the reward of an episode without any valid action
+        items:                            # the questions: a list of {prompt, answer}; or instead
+          - {prompt: "What is 3 * 4?", answer: 12}
+        items_file: items.jsonl           # JSON lines of {prompt, answer}, relative to the task file
+        code: |                           # Python source defining the functions (`Task`); or instead
+          def score(response, answer): ...
+        module: my_task.py                # a Python file defining them, relative to the task file
 
     Args:
         path: the task file (YAML).

@@ -8,26 +8,12 @@ analyzed queries becomes a (queries x terms) matrix `Q` of term counts, so `Q @ 
 score for every document it matches (the approach of the bm25s library, here fed from Lucene's own
 index so the numbers are Lucene's).
 
-What makes the numbers Lucene's, and not just "a BM25":
-- term frequencies, document frequencies, the field's document count and total length, and each
-  document's length norm are read from the Lucene index itself (its postings and norms);
-- a length norm is the one-byte value Lucene stores, decoded with Lucene's own `SmallFloat.byte4ToInt`,
-  so long documents get the same lossy length Lucene uses;
-- the per-posting contribution follows `BM25Similarity` (Lucene 9): idf = ln(1 + (N - df + 0.5) / (df +
-  0.5)), contribution = idf - idf / (1 + tf / (k1 * (1 - b + b * dl / avgdl))), in float32 as Lucene
-  computes it, summed over query terms in float64 and rounded to float32 (as Lucene's disjunction
-  scorers sum);
-- a query is analyzed by the same Lucene analyzer Pyserini's `LuceneSearcher` uses by default (English,
-  Porter stemming, stopwords), and a term that occurs n times weighs n, as Anserini's bag-of-words
-  query builder boosts it;
-- ties are broken by the document's collection id, ascending, as Anserini sorts hits, and scores are
-  rounded and tie-adjusted as Anserini reports them.
-`tests/test_retrievers_bm25_matrix.py` checks top-k lists and scores against `LuceneSearcher.search` on
-the bundled dev questions and on queries where these details matter.
+`BM25Matrix` says what makes the numbers Lucene's, and not just "a BM25";
+`tests/test_retrievers_bm25_matrix.py` checks top-k lists and scores against `LuceneSearcher.search`.
 
-Memory: 12 bytes per posting (float64 value, int32 column), about 10 MB for the bundled corpus and about
-18 GB for wiki-18's ~1.5 billion postings; and a batch's score matrix holds one entry per (query, matching
-document). It is meant for corpora up to a few million passages; over wiki-18 use the Lucene engine.
+Memory: 12 bytes per posting (float64 value, int32 column; the sizes for the bundled corpus and for wiki-18 are in
+docs/results/retrieval.md), and a batch's score matrix holds one entry per (query, matching document). It is
+meant for corpora up to a few million passages; over wiki-18 use the Lucene engine.
 The matrix is cached on disk beside the other indexes, keyed by the index and (k1, b).
 """
 
@@ -52,6 +38,23 @@ class BM25Matrix:
     """Every posting of a Lucene index as its BM25 contribution, for batched scoring.
 
     Build with `BM25Matrix.from_lucene(index_dir)` (cached on disk).
+
+    What makes the numbers Lucene's, and not just "a BM25":
+    - term frequencies, document frequencies, the field's document count and total length, and each
+      document's length norm are read from the Lucene index itself (its postings and norms);
+    - a length norm is the one-byte value Lucene stores, decoded with Lucene's own `SmallFloat.byte4ToInt`,
+      so long documents get the same lossy length Lucene uses;
+    - the per-posting contribution follows `BM25Similarity` (Lucene 9): idf = ln(1 + (N - df + 0.5) / (df +
+      0.5)), contribution = idf - idf / (1 + tf / (k1 * (1 - b + b * dl / avgdl))), in float32 as Lucene
+      computes it, summed over query terms in float64 and rounded to float32 (as Lucene's disjunction
+      scorers sum);
+    - a query is analyzed by the same Lucene analyzer Pyserini's `LuceneSearcher` uses by default (English,
+      Porter stemming, stopwords), and a term that occurs n times weighs n, as Anserini's bag-of-words
+      query builder boosts it;
+    - ties are broken by the document's collection id, ascending, as Anserini sorts hits, and scores are
+      rounded and tie-adjusted as Anserini reports them.
+    `tests/test_retrievers_bm25_matrix.py` checks them on the bundled dev questions and on queries where these
+    details matter.
 
     Attributes:
         doc_ids: collection id of each column, in Lucene's internal document order.

@@ -11,22 +11,17 @@ Endpoints:
         -> {"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]} with return_scores,
            {"result": [[{"id", "contents"}, ...], ...]} without (the bare documents, one list per query,
            for any number of queries);
-        `contents` is `"Title"\\ntext`. Bad JSON, missing fields, topk outside [1, max_topk], more than
-        max_batch queries, more than max_hits passages (topk x queries), over-long queries, queries the
-        retriever cannot run (more distinct terms than Lucene's 1,024-clause limit) and bodies over
-        max_body_bytes (counted as they arrive, chunked or not) are answered 4xx with a message. Lone
-        UTF-16 surrogates in a query are replaced (U+FFFD) and the rest of the query is served.
+        `contents` is `"Title"\\ntext`. A request it cannot serve is answered 4xx with a message (`create_app`).
     GET /health     -> {"status": "ok", "retriever": ..., "max_batch": ..., "max_topk": ..., "max_hits": ...}
 
 It binds 127.0.0.1 unless `--host` says otherwise: it has no authentication. A command line it cannot serve (a
 missing or malformed corpus or index, a limit out of range, a port it cannot listen on) ends it with one line,
-``error: ...``, and exit status 2, before any index is built where it can be told earlier. Requests are served one at a
-time (the retriever is called under a lock); batch queries into one request for throughput, as Search-R1's
-trainer does.
+``error: ...``, and exit status 2, before any index is built where it can be told earlier. Requests are served one
+at a time (the retriever is called under a lock); batch queries into one request, as Search-R1's trainer does.
 
-Memory is bounded: a request holds at most max_body_bytes of body (8 MiB) and max_hits passages (8,192),
-and the JVM behind BM25 runs with a bounded heap (``--jvm-heap``, default 2g); the Lucene index is
-memory-mapped and the FAISS index is held whole, so add their sizes.
+Memory is bounded: a request holds at most max_body_bytes of body (8 MiB) and max_hits passages (8,192), and the
+JVM behind BM25 runs with a bounded heap (``--jvm-heap``, default 2g); the Lucene index is memory-mapped and the
+FAISS index is held whole, so add their sizes.
 """
 
 from __future__ import annotations
@@ -132,6 +127,11 @@ def create_app(
     max_hits: int = 8192,
 ) -> FastAPI:
     """A FastAPI app serving `retriever` with the Search-R1 API.
+
+    Bad JSON, missing fields, topk outside [1, max_topk], more than max_batch queries, more than max_hits passages
+    (topk x queries), over-long queries, queries the retriever cannot run (more distinct terms than Lucene's
+    1,024-clause limit) and bodies over max_body_bytes (counted as they arrive, chunked or not) are answered 4xx
+    with a message. Lone UTF-16 surrogates in a query are replaced (U+FFFD) and the rest of the query is served.
 
     Args:
         retriever: anything implementing `Retriever`.

@@ -7,7 +7,8 @@ import json
 import torch
 
 from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig, ArCHerTrainer
-from algos.config import PRESETS, preset_config
+from algos.config import preset_config
+from algos.presets import PRESETS
 from algos.value import turn_spans
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from algos.config import Config, parse_config
+from algos.cli import parse_config
+from algos.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

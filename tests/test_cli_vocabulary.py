@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from algos.config import default_preset, parse_config, preset_config
+from algos.cli import parse_config
+from algos.config import default_preset, preset_config
 from algos.evaluation import held_out_settings
 from algos.outputs import write_run_config
 from benchmarks.evaluate import main as evaluate_main

@@ -18,7 +18,8 @@ import pytest
 
 from algos.config import Config
 from algos.evaluation import held_out_settings
-from benchmarks.compare import ClaimedElsewhere, _claimed, _trained_code, main
+from benchmarks.compare import ClaimedElsewhere, main
+from benchmarks.compare_runs import _trained_code, claimed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,7 +185,7 @@ def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, mon
     again = main(["--budget", "tiny", "--algos", *systems, "--seeds", "1", "--warm-start-steps", "1", "--out", str(out),
                   "--report-only"])  # fmt: skip
     assert json.dumps(again["rows"]) == json.dumps(report["rows"])  # (NaN intervals of one seed compare as text)
-    for bad in ("grpo_sft:sft_coef", "grpo_sft:no_such_setting=1", "sft"):
+    for bad in ("grpo_sft:sft_coef", "grpo_sft:no_such_setting=1", "ppo", "sft:lr"):
         with pytest.raises(SystemExit):
             main(["--budget", "tiny", "--algos", bad, "--out", str(out)])
 
@@ -213,8 +214,8 @@ def test_a_trainer_outliving_its_comparison_keeps_the_run_claimed(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from benchmarks.compare import _claimed, run_holding\n"
-            f"with _claimed(Path({str(run_dir)!r})) as claim: run_holding(claim, [sys.executable, '-c', {trainer!r}])",
+            "import sys; from pathlib import Path; from benchmarks.compare_runs import claimed, run_holding\n"
+            f"with claimed(Path({str(run_dir)!r})) as claim: run_holding(claim, [sys.executable, '-c', {trainer!r}])",
         ],
         cwd=ROOT,
     )
@@ -228,7 +229,7 @@ def test_a_trainer_outliving_its_comparison_keeps_the_run_claimed(tmp_path):
         comparison.wait()
         trainer_pid = int(started.read_text())
         os.kill(trainer_pid, 0)  # the trainer goes on without its comparison
-        with pytest.raises(ClaimedElsewhere, match=f"trainer process {trainer_pid}"), _claimed(run_dir):
+        with pytest.raises(ClaimedElsewhere, match=f"trainer process {trainer_pid}"), claimed(run_dir):
             pass
     finally:
         comparison.kill()
@@ -237,7 +238,7 @@ def test_a_trainer_outliving_its_comparison_keeps_the_run_claimed(tmp_path):
                 os.kill(int(started.read_text()), signal.SIGKILL)
     for _ in range(600):  # the lock goes with the last process holding it
         try:
-            with _claimed(run_dir):
+            with claimed(run_dir):
                 break
         except ClaimedElsewhere:
             time.sleep(0.05)
@@ -260,9 +261,89 @@ def test_a_run_being_scored_by_one_stream_is_skipped_by_the_other(tmp_path):
     from benchmarks.compare import evaluate_run
 
     evals = tmp_path / "evals"
-    with _claimed(evals, lock=".red_grpo-seed0.lock", doing="evaluated (red_grpo-seed0)"):
+    with claimed(evals, lock=".red_grpo-seed0.lock", doing="evaluated (red_grpo-seed0)"):
         with pytest.raises(ClaimedElsewhere, match=r"evaluated \(red_grpo-seed0\)"):
             evaluate_run("red_grpo-seed0", "unused", None, None, evals)
         (evals / "red_grpo-seed0.json").write_text('{"metrics": {"f1": 0.5}}')  # the holder finishes
     # scored: read, not redone (the model, budget and config are never touched)
     assert evaluate_run("red_grpo-seed0", "unused", None, None, evals) == {"metrics": {"f1": 0.5}}
+
+
+def test_sft_alone_is_a_system_with_variants_like_the_others():
+    """`sft` (SFT only, `python -m algos.sft`) is accepted beside the RL systems; `sft:lr=5e-5` is a variant of it."""
+    from benchmarks.compare import ALGOS, parse_system
+
+    assert "sft" not in ALGOS  # the default systems stay the three RL ones
+    plain, variant = parse_system("sft"), parse_system("sft:lr=5e-5,sft_batch_size=2")
+    assert (plain.name, plain.algo, plain.flags, plain.slug) == ("sft", "sft", (), "sft")
+    assert variant.algo == "sft" and variant.flags == ("--lr", "5e-5", "--sft-batch-size", "2")
+    assert variant.slug == "sft-lr5e-5-sft_batch_size2"
+    with pytest.raises(ValueError, match="names no setting"):
+        parse_system("sft:")
+
+
+@pytest.mark.parametrize("budget_name", ["cpu", "tiny"])
+def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_path, budget_name):
+    """Its command is the RL systems' with `algos.sft` in place of `algos.<algo>`: the same steps, minutes limit,
+    start model and seed; parsed as `python -m algos.sft` parses it, its own defaults and the system's flags."""
+    import dataclasses
+
+    from algos.cli import parse_config
+    from algos.sft import sft_defaults
+    from benchmarks.compare import BUDGETS, train_command
+
+    budget = dataclasses.replace(BUDGETS[budget_name], train_args=(*BUDGETS[budget_name].train_args, "--model", "M"))
+    run_dir = tmp_path / "run"
+    rl = train_command("grpo_sft", 1, budget, "flat", run_dir, threads=1)
+    sft = train_command("sft", 1, budget, "flat", run_dir, threads=1)
+    assert sft[1:3] == ["-m", "algos.sft"] and rl[1:3] == ["-m", "algos.grpo_sft"]
+    assert sft[3:] == rl[3:]
+    args = sft[3:]
+    config = parse_config(args, algo="sft", **sft_defaults(args))
+    rl_config = parse_config(rl[3:], algo="grpo_sft")
+    assert config.algo == "sft" and config.model == "M" and config.seed == 1
+    assert (config.steps, config.max_train_minutes) == (rl_config.steps, rl_config.max_train_minutes)
+    assert config.steps == budget.steps_for("flat")
+    assert config.sft_coef == 1.0  # SFT alone: its loss is the whole objective
+    variant = train_command("sft", 1, budget, "flat", run_dir, flags=("--lr", "5e-5"))
+    assert parse_config(variant[3:], algo="sft", **sft_defaults(variant[3:])).lr == 5e-5  # the system's flags decide
+
+
+def test_the_pairing_takes_in_the_sft_arm():
+    """RED minus every other system, `sft` among them; without RED, `sft` minus every other system."""
+    from benchmarks.compare import paired_tests, pairing_reference
+
+    def scored(f1s):
+        return [{"predictions": [{"id": str(i), "gold_answers": ["Paris"], "f1": f, "em": f, "answered": 1.0}
+                                 for i, f in enumerate(f1s)]}]  # fmt: skip
+
+    evals = {"red_grpo": scored([1, 1, 0]), "sft": scored([1, 0, 0]), "grpo": scored([0, 0, 0])}
+    assert pairing_reference(list(evals)) == "red_grpo"
+    tests = paired_tests(evals, pairing_reference(list(evals)))
+    assert {(t["reference"], t["other"]) for t in tests} == {("red_grpo", "sft"), ("red_grpo", "grpo")}
+    without_red = {"grpo": evals["grpo"], "sft": evals["sft"], "start model": scored([0, 0, 0])}
+    assert pairing_reference(list(without_red)) == "sft"
+    tests = paired_tests(without_red, "sft")
+    assert {t["other"] for t in tests} == {"grpo", "start model"}
+    f1 = next(t for t in tests if t["other"] == "grpo" and t["metric"] == "f1")
+    assert f1["difference"] == pytest.approx(1 / 3)
+    assert pairing_reference(["grpo", "grpo_sft"]) == "grpo"  # neither: the first system, as before
+
+
+@pytest.mark.slow
+def test_the_sft_arm_continues_the_warm_start_and_is_paired(tmp_path, monkeypatch):
+    """Regime 2 with the SFT-only arm as a variant: trained by `algos.sft` from the shared warm start for the same
+    steps as RED, scored on the same questions and paired against RED."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "cmp"
+    systems = ["red_grpo", "sft:lr=5e-5"]
+    argv = ["--budget", "tiny", "--algos", *systems, "--seeds", "1", "--warm-start-steps", "1", "--no-baseline"]
+    report = main([*argv, "--out", str(out)])
+    warm = out / "runs" / "warm-start"
+    sft, red = _trained_config(out / "runs" / "sft-lr5e-5-seed0"), _trained_config(out / "runs" / "red_grpo-seed0")
+    assert sft.algo == "sft" and sft.lr == 5e-5 and sft.model == red.model == str(warm / "final")
+    assert sft.steps == red.steps == len((out / "runs" / "sft-lr5e-5-seed0" / "metrics.jsonl").read_text().splitlines())
+    assert _per_question(out, "sft-lr5e-5-seed0", "f1").keys() == _per_question(out, "red_grpo-seed0", "f1").keys()
+    assert [row["algorithm"] for row in report["rows"]] == systems
+    assert {t["other"] for t in report["paired"]} == {"sft:lr=5e-5"}
+    assert "| red_grpo - sft:lr=5e-5 | f1 |" in (out / "table.md").read_text()

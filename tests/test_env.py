@@ -107,6 +107,17 @@ def test_wrong_answer_scores_as_the_formula_says():
     assert reward == pytest.approx(episode_reward(0.0, 0.5, 0.0)) == pytest.approx(-2.95)
 
 
+def test_an_evidence_recall_weight_credits_the_gold_titles_the_searches_returned():
+    """reward_weights={"recall": w} (a dict, as a run's JSON config passes it) adds w x the share of gold titles
+    among the passages the episode's searches returned; the default weight 0 leaves the reward as it was."""
+    actions = ["<search>Qazi Touqeer</search>", "<answer>Srinagar</answer>"]
+    plain, *_, info = run(make(), 3, actions)
+    credited, *_, credited_info = run(make(reward_weights={"recall": 2.0}), 3, actions)
+    assert credited_info["recall"] == info["recall"] > 0
+    assert credited == pytest.approx(plain + 2.0 * info["recall"])
+    assert plain == pytest.approx(episode_reward(0.0, 0.5, 0.0))
+
+
 def test_truncation_scores_as_no_answer():
     env = make(max_turns=2)
     reward, terminated, truncated, info = run(env, 0, ["<search>a</search>", "<search>b</search>"])

@@ -241,6 +241,31 @@ def test_following_the_bridge_searches_a_named_missing_title_even_when_the_answe
     assert followed >= 2, "the first 16 dev questions hold bridge questions whose answer the first results show"
 
 
+def test_a_minimum_of_two_searches_makes_the_second_search_the_rule(episodes, bm25, tokenizer):
+    """`min_searches=2`: every episode (flat) or task (coda) searches twice before answering wherever a gold title
+    it can copy remains, the first query unchanged and the second a gold title named in the question or the
+    results; the answers, their grounding and the episodes that already searched twice stay as they were."""
+    protocol, _, default = episodes
+    env_list = [gym.make(ENV_IDS[protocol], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+    twice = OracleAgent(tokenizer, seed=0, min_searches=2).rollout(env_list, ROWS, seed=0)
+    added = 0
+    for before, after in zip(default, twice, strict=True):
+        example = env_list[0].unwrapped.examples[before.example_index]
+        assert after.info["f1"] == 1.0 and after.info["oracle_grounded"] == before.info["oracle_grounded"]
+        queries = [re.findall(r"<search>(.*?)</search>", "".join(acts)) for acts in (before.actions, after.actions)]
+        assert queries[1][: len(queries[0][:1])] == queries[0][:1]
+        if len(queries[0]) >= 2:
+            assert after.actions == before.actions
+            continue
+        if queries[1] != queries[0]:
+            added += 1
+            assert len(queries[1]) == 2
+            assert any(queries[1][1] in (title, _base_title(title)) for title in example.gold_titles)
+    assert added >= 4, "most of the first 16 dev questions answer from their first results by default"
+    with pytest.raises(ValueError, match="min_searches"):
+        OracleAgent(tokenizer, min_searches=0)
+
+
 def test_restating_the_question_opens_every_answering_turn_with_it(episodes, bm25, tokenizer):
     """`restate_question`: the same episodes, each answering turn preceded by <think> and the question it answers
     (flat and planner: the question; executor: its task); the env scores them as before."""

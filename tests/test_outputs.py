@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from algos.config import Config, load_config_file, preset_config
+from algos.cli import load_config_file
+from algos.config import Config, preset_config
 from algos.outputs import CARD_FILE, CONFIG_FILE, model_card
 
 FLAGS = ["--preset", "tiny", "--validation-questions", "2", "--wandb", "--push-to-hub", "user/tiny"]

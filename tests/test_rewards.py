@@ -76,6 +76,10 @@ def test_episode_reward_formula_and_weights():
     assert episode_reward(0.0, 0.5, 0.0) == pytest.approx(-3 + 0.05)
     weights = RewardWeights(answer=1.0, offset=0.0, format=0.5, refine=0.0)
     assert episode_reward(0.5, 1.0, 1.0, weights) == pytest.approx(1.0)
+    assert episode_reward(0.5, 1.0, 1.0, weights, recall=1.0) == pytest.approx(1.0)  # recall weighs 0 by default
+    with_recall = RewardWeights(recall=2.0)
+    assert episode_reward(0.0, 0.0, 0.0, with_recall, recall=0.5) == pytest.approx(-3.0 + 1.0)
+    assert with_recall.maximum == pytest.approx(RewardWeights().maximum + 2.0)
 
 
 def test_title_recall():

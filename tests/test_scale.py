@@ -127,7 +127,7 @@ def test_check_refuses_in_one_line_what_does_not_fit():
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
-    from algos.run import main
+    from algos.launch import main
 
     with pytest.raises(SystemExit) as stop:
         main(

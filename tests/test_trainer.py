@@ -322,7 +322,7 @@ def test_a_run_with_a_weight_average_saves_and_scores_the_average(tmp_path):
 
 
 def test_validation_questions_are_the_splits_last_and_never_trained_on():
-    from algos.run import training_indices, validation_indices
+    from algos.run_setup import training_indices, validation_indices
 
     config = preset_config("tiny", num_questions=None, validation_questions=10)
     assert training_indices(config, 100) == range(90) and validation_indices(config, 100) == range(90, 100)

@@ -1,25 +1,19 @@
 """Samplers: batched generation from token-id prompts, one protocol, three backends.
 
-Agents own their contexts as token ids (so the loss mask is exact) and hand a batch of them to a
-`Sampler`, which returns one `Completion` per prompt: the sampled token ids, their sampling log-probs,
-the decoded text (cut right after the first stop string) and why it ended. A row that fails becomes
-`Completion(finish_reason="error", error=...)`; the batch itself never fails.
+Agents own their contexts as token ids (so the loss mask is exact) and hand a batch of them to a `Sampler`, which
+returns one `Completion` per prompt: the sampled token ids, their sampling log-probs, the decoded text (cut right
+after the first stop string) and why it ended. A row that fails becomes `Completion(finish_reason="error",
+error=...)`; the batch itself never fails.
 
 Backends (imported lazily, so `import agents.samplers` loads neither torch nor vllm):
 - `HFSampler` (agents.samplers.hf): transformers, CPU or GPU, the default.
 - `VLLMSampler` (agents.samplers.vllm_engine): vLLM on a GPU, with weight sync from a trainer.
 - `OpenAISampler` (agents.samplers.openai_api): any OpenAI-compatible `/v1/completions` endpoint.
 
-State across calls: a sampler may keep per-context state between calls (`HFSampler` keeps each context's
-KV cache, so a later turn prefills only the tokens appended since the last one) and then also offers
-`release(token_ids)`, which agents call when a context closes; the protocol itself stays `generate`, and
-results depend on that state only by float rounding (reuse equals a full re-encode). `SamplerWrapper`
-passes `release` on.
-
-Context overflow: a prompt is left-truncated so that prompt + `max_new_tokens` fits the sampler's
-`max_context` (at least one prompt token is kept). `overflow(len(prompt), params.max_new_tokens,
-sampler.max_context)` says how many tokens that drops, so an agent can record it
-(`Generation.truncated_tokens`).
+State across calls: a sampler may keep per-context state (`HFSampler` keeps each context's KV cache, so a later
+turn prefills only the new tokens) and then also offers `release(token_ids)`, which agents call when a context
+closes (`SamplerWrapper` passes it on); results depend on that state only by float rounding. A prompt is
+left-truncated so that prompt + `max_new_tokens` fits the sampler's `max_context` (`overflow`: by how much).
 
     from agents.models import load_model
     from agents.records import SamplingParams
@@ -133,7 +127,9 @@ class SamplerWrapper:
 def overflow(prompt_len: int, max_new_tokens: int, max_context: int) -> int:
     """How many tokens a sampler drops from the left of a prompt so prompt + max_new_tokens fits the context.
 
-    At least one prompt token is always kept; generation then also stops at `max_context` tokens in all.
+    At least one prompt token is always kept; generation then also stops at `max_context` tokens in all. An agent
+    records the count: ``overflow(len(prompt), params.max_new_tokens, sampler.max_context)`` is its
+    `Generation.truncated_tokens`.
     """
     budget = max(1, max_context - max_new_tokens)
     return max(0, prompt_len - budget)

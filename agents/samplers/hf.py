@@ -1,68 +1,33 @@
 """Batched sampling with a transformers causal LM (CPU or GPU): the default `Sampler`.
 
-The decoding loop is our own rather than `model.generate`, because the agents need three things
-`generate` does not give together: per-row stop strings with the row removed from the batch as soon as it
-stops (its KV-cache rows are dropped, so a batch costs what its live rows cost), the log-prob of every
-sampled token under the exact distribution it was sampled from, and a batch that survives a bad row.
+The decoding loop is our own rather than `model.generate`: the agents need per-row stop strings with a row
+leaving the batch (and its KV-cache rows) as soon as it stops, the log-prob of every sampled token under the
+distribution it was sampled from, and a batch that survives a bad row. Each call left-pads the prompts (sorted
+by length, in chunks of `max_batch_size`), runs one prefill, then one forward pass per new token over the live
+rows. Greedy output matches `model.generate(do_sample=False)` token for token.
 
-Each call left-pads the prompts (sorted by length, in chunks of `max_batch_size`), runs one prefill
-forward pass, then one forward pass per new token over the rows still alive, reusing the KV cache.
-Greedy output matches `model.generate(do_sample=False)` token for token, at about the same speed.
+Reuse across calls: a context only grows between turns, so when a row finishes its keys and values are kept
+(`agents.samplers.kv_cache.PrefixStore`) with the token ids they belong to, and a later prompt copies those of
+its longest kept prefix and prefills only the rest; rows with different reused lengths share one forward pass
+(reused keys right-aligned in a padded past, explicit position ids). A prefix that several prompts of a call
+share (at least `MIN_SHARED_TOKENS`) is prefilled once first. The result equals a full re-encode up to float
+rounding (tested: same tokens, log-probs within 1e-5). At most `cache_tokens` tokens are kept, least recently
+used out first; `release(token_ids)` drops a closed context's; a change of weights or autocast state drops all.
 
-Keys and values across calls (multi-turn contexts): a context only grows between turns (the agent appends
-the completion, an observation and the next turn's header), so re-encoding it every turn would spend most
-of a CPU's time on prefill. When a row finishes, the sampler keeps the keys and values of every token it
-fed for that row (prompt + completion, all but the last sampled token, which was never fed) with the token
-ids they belong to. A later prompt is matched against those sequences by longest common prefix: the row
-copies the matched keys and values into its batch row and prefills only the tokens after them. Rows with
-different reused lengths share one forward pass: reused keys and values are right-aligned in a padded
-past, the new tokens left-padded after it, the attention mask marks both kinds of padding, and position ids
-are explicit. The protocol is unchanged (prompts are plain token ids), so a prompt that was left-truncated,
-edited or written by a wrapper simply reuses what matches (or nothing). Within one call, a prefix that
-several prompts share (the instructions of every context, a GRPO group's identical first prompts; at least
-`MIN_SHARED_TOKENS`) is prefilled once first and kept, so the rows reuse it too. The result equals a full
-re-encode up to float rounding (tested: same tokens, log-probs within 1e-5).
+Decode steps on a CPU: few-row products run as (W @ x^T)^T, which streams the weights far faster than
+`F.linear` (`narrow_rows`; figures in docs/results/throughput.md). On a GPU, `decode="graphs"` replays each
+step as one CUDA graph over static key/value buffers (`agents.samplers.static_decode`); `decode="static"` runs
+the same steps without graphs and samples what the dynamic path samples (tested); `decode="auto"` picks static
+on a CPU where the model allows it.
 
-Memory policy: at most `cache_tokens` tokens are kept (least recently used sequences go first; a sequence
-longer than the budget is not kept). A kept sequence is dropped when a prompt extends it (the row's new,
-longer sequence replaces it) and when the agent calls `release(token_ids)` on a context that closed (a
-finished episode, an executor whose answer went back to its planner); a parked planner's sequence stays
-while its executor works. Every cached sequence is dropped when the weights change: a call first compares
-each parameter's identity and in-place version counter (an optimizer step, `load_state_dict` and a LoRA
-merge all bump it) and the autocast state with those of the last call. `cache_tokens=0` turns reuse off
-(every call then re-encodes its prompts, as a sampler without a cache does).
-
-Decode steps on a CPU: a step feeds one token per live row, so each `nn.Linear` multiplies a few rows by its
-whole weight matrix. `F.linear` (x @ W^T) runs that product far below the machine's memory bandwidth: with one
-row MKL's matrix-vector path uses one thread, and with 3 rows the 113 MB LM head of SmolLM2-135M streams at
-3.6 GB/s. The same product written as (W @ x^T)^T, with a lone row doubled, streams at 27 GB/s. While a call
-runs, the sampler gives the model's plain float32 `nn.Linear` layers that formulation for inputs of at most
-`narrow_rows` rows (`_narrow_linears`; larger inputs, GPUs, autocast and sharded weights keep `F.linear`).
-Measured on a 2-core AVX-512 EPYC, SmolLM2-135M, 400 tokens of context, ms per decode step, `F.linear` ->
-narrow: 2 threads: 1 row 55 -> 31, 2 rows 82 -> 49, 3 rows 105 -> 62, 4 rows 86 -> 60, 6 rows 93 -> 98;
-1 thread: 1 row 56 -> 44, 3 rows 110 -> 99, 4 rows 88 -> 105. Hence the default: 4 rows with two or more
-threads, 3 with one. The two formulations differ by float rounding only (the same sums, another order).
-
-Decode steps on a GPU: a small model's step is bound by launching its kernels one by one from Python (a 64-row
-step of SmolLM2-135M: about 35 ms on an H100). `decode="graphs"` replays each step as one CUDA graph over static
-key/value buffers (`agents.samplers.static_decode`): the prefill runs as above, then the first decode step copies
-the prefilled keys and values into those buffers. `decode="static"` runs the same steps without graphs; it
-samples what the dynamic path samples (tested: same tokens, log-probs within 1e-5 absolute or relative, CPU
-float32). On a CPU it is also the faster path: a step is fewer operations than the model's forward, and its
-few-row products take the W @ x^T form above, so `decode="auto"` (the trainer's default) picks it there.
-
-Speed on a CPU shared with other processes: torch's default of one OpenMP thread per core can be many
-times slower than `torch.set_num_threads(1)` (threads spin-wait on each other when the cores are busy).
-The sampler leaves that process-wide choice to the caller.
+Threads: on a CPU shared with other processes, one OpenMP thread per core can be many times slower than
+`torch.set_num_threads(1)`; the sampler leaves that process-wide choice to the caller.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -73,7 +38,10 @@ from transformers.cache_utils import DynamicLayer
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
-from agents.samplers.static_decode import StaticDecoder, narrow_linear, row_bucket, supports
+from agents.samplers.kv_cache import AppendLayer, KeptSequence, PrefixStore, common_length, is_prefix, narrow_linears
+from agents.samplers.static_decode import StaticDecoder, row_bucket, supports
+
+_AppendLayer = AppendLayer  # the name `benchmarks.decode_parity` imports
 
 logger = logging.getLogger(__name__)
 
@@ -85,115 +53,6 @@ MIN_SHARED_TOKENS = 32
 DEFAULT_CACHE_TOKENS = 1 << 16
 """Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
 per token in float32, so about 3 GB when full)."""
-
-
-@dataclass(eq=False)
-class _Kept:
-    """Keys and values of one token sequence fed from position 0, each (layers, kv_heads, n, head_dim)."""
-
-    tokens: np.ndarray  # (n,) int64
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-class _PrefixStore:
-    """Kept sequences under a token budget, least recently used out first, matched by longest common prefix."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
-        self.entries: OrderedDict[int, _Kept] = OrderedDict()
-        self.tokens = 0
-
-    def match(self, ids: np.ndarray) -> tuple[_Kept | None, int]:
-        """The kept sequence sharing the longest prefix with `ids`, and that prefix's length (0: none)."""
-        best, best_len = None, 0
-        for kept in self.entries.values():
-            n = min(len(kept.tokens), len(ids))
-            if n <= best_len or kept.tokens[0] != ids[0]:
-                continue
-            differ = np.flatnonzero(kept.tokens[:n] != ids[:n])
-            common = int(differ[0]) if differ.size else n
-            if common > best_len:
-                best, best_len = kept, common
-        if best is not None:
-            self.entries.move_to_end(id(best))
-        return best, best_len
-
-    def add(self, kept: _Kept) -> None:
-        if len(kept.tokens) > self.max_tokens:
-            return
-        self.entries[id(kept)] = kept
-        self.tokens += len(kept.tokens)
-        while self.tokens > self.max_tokens:
-            _, old = self.entries.popitem(last=False)
-            self.tokens -= len(old.tokens)
-
-    def discard(self, kept: _Kept) -> None:
-        if self.entries.pop(id(kept), None) is not None:
-            self.tokens -= len(kept.tokens)
-
-    def release(self, ids: np.ndarray) -> None:
-        """Drop every kept sequence that is a prefix of `ids`."""
-        for kept in [k for k in self.entries.values() if _is_prefix(k.tokens, ids)]:
-            self.discard(kept)
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.tokens = 0
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token-id lists."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n
-
-
-def _is_prefix(head: np.ndarray, ids: np.ndarray) -> bool:
-    return len(head) <= len(ids) and bool(np.array_equal(head, ids[: len(head)]))
-
-
-class _AppendLayer(DynamicLayer):
-    """A `DynamicLayer` that writes new keys and values into reserved room instead of concatenating the whole
-    cache at every decode step (which reads and writes all of it, as much memory traffic per step as the
-    attention itself); `keys` and `values` are views of the filled part.
-
-    Args:
-        reserve: columns to allocate at the first update (the widest the call's cache can get: past + prompt +
-            new tokens); an update past the room grows it by half.
-    """
-
-    def __init__(self, reserve: int = 0) -> None:
-        super().__init__()
-        self.reserve = reserve
-        self._keys: torch.Tensor | None = None  # (batch, kv_heads, room, head_dim)
-        self._values: torch.Tensor | None = None
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        used = 0 if self._keys is None else self.keys.shape[-2]
-        need = used + key_states.shape[-2]
-        if self._keys is None or need > self._keys.shape[-2]:
-            room = max(need, self.reserve) if self._keys is None else need + need // 2
-            shape = (*key_states.shape[:-2], room, key_states.shape[-1])
-            keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
-            if used:
-                keys[..., :used, :] = self.keys
-                values[..., :used, :] = self.values
-            self._keys, self._values = keys, values
-        self._keys[..., used:need, :] = key_states
-        self._values[..., used:need, :] = value_states
-        self.keys, self.values = self._keys[..., :need, :], self._values[..., :need, :]
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._keys is not None:
-            used = self.keys.shape[-2]
-            self._keys, self._values = self._keys[indices], self._values[indices]
-            self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
 class _CacheSteps:
@@ -217,8 +76,13 @@ class _CacheSteps:
     def row(self, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Live row `j`'s keys and values at `columns`, each (layers, kv_heads, len(columns), head_dim)."""
         layers = self.cache.layers
-        keys = torch.stack([layer.keys[j].index_select(1, columns) for layer in layers])
-        return keys, torch.stack([layer.values[j].index_select(1, columns) for layer in layers])
+        first = layers[0].keys[j]  # (kv_heads, columns, head_dim)
+        shape = (len(layers), first.shape[0], len(columns), first.shape[-1])
+        keys, values = first.new_empty(shape), layers[0].values[j].new_empty(shape)
+        for layer, key_out, value_out in zip(layers, keys, values, strict=True):  # one copy each, no stack after
+            torch.index_select(layer.keys[j], 1, columns, out=key_out)
+            torch.index_select(layer.values[j], 1, columns, out=value_out)
+        return keys, values
 
     def select(self, index: torch.Tensor, columns: int) -> None:
         """Keep only the live rows at `index` (in that order)."""
@@ -298,9 +162,9 @@ class HFSampler(TokenizerContext):
             key/value buffers (`agents.samplers.static_decode`; Llama, Qwen2 or Mistral models on a CUDA device), for
             GPUs, where a small model's step is bound by launching its kernels. "static": the same steps without
             graphs (any device); on a CPU the fastest, since a step is fewer operations than the model's forward
-            and its few-row products take the W @ x^T form too (batch-1 decode 1.33x, 4 rows 1.25x; see
-            `benchmarks/README.md`). "auto": static on a CPU where the model allows it (`static_decode.supports`:
-            plain Llama, Qwen2 or Mistral layers, no sliding window, no LoRA wrappers), else dynamic.
+            and its few-row products take the W @ x^T form too (docs/results/throughput.md). "auto": static on a
+            CPU where the model allows it (`static_decode.supports`: plain Llama, Qwen2 or Mistral layers, no
+            sliding window, no LoRA wrappers), else dynamic.
     """
 
     def __init__(
@@ -332,9 +196,9 @@ class HFSampler(TokenizerContext):
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else next(iter(self.stop_token_ids), 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        # whether the model's cache is plain per-layer keys and values (what reuse and `_AppendLayer` handle)
+        # whether the model's cache is plain per-layer keys and values (what reuse and `AppendLayer` handle)
         self._plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
-        self._store = _PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
+        self._store = PrefixStore(cache_tokens) if cache_tokens > 0 and self._plain else None
         self._weights_key: tuple | None = None
         if narrow_rows is not None and narrow_rows < 0:
             raise ValueError(f"narrow_rows must be >= 0, got {narrow_rows}")
@@ -423,7 +287,7 @@ class HFSampler(TokenizerContext):
             narrow = self._narrow_limit()
             if self._static is not None:
                 self._static.narrow_rows = narrow
-            with _narrow_linears(self.model, narrow):
+            with narrow_linears(self.model, narrow):
                 self._share_prefixes([ids for _, ids, _ in rows])
                 for start in range(0, len(rows), self.max_batch_size):
                     chunk = rows[start : start + self.max_batch_size]
@@ -452,7 +316,7 @@ class HFSampler(TokenizerContext):
         wanted: set[tuple[int, ...]] = set()
         ordered = sorted(prompts)
         for a, b in zip(ordered, ordered[1:], strict=False):
-            n = min(_common_length(a, b), len(a) - 1, len(b) - 1)
+            n = min(common_length(a, b), len(a) - 1, len(b) - 1)
             if n >= MIN_SHARED_TOKENS and self._match(a[: n + 1])[1] < n:
                 wanted.add(tuple(a[:n]))
         longest = [p for p in wanted if not any(len(q) > len(p) and q[: len(p)] == p for q in wanted)]
@@ -534,7 +398,7 @@ class HFSampler(TokenizerContext):
         widest = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
         cache = DynamicCache(config=self.model.config)
         if self._plain:  # with static decoding the prefill's cache is copied out before the first step
-            cache.layers = [_AppendLayer(widest if self._static is None else past + width) for _ in cache.layers]
+            cache.layers = [AppendLayer(widest if self._static is None else past + width) for _ in cache.layers]
         if past:
             self._fill_past(cache, matches, past)
         self.reused_tokens += sum(m for _, m in matches)
@@ -582,7 +446,7 @@ class HFSampler(TokenizerContext):
             next_position = next_position + 1
         return [self._finish(tokens[b], logps[b], reasons[b], params) for b in range(n)]
 
-    def _match(self, ids: list[int]) -> tuple[_Kept | None, int]:
+    def _match(self, ids: list[int]) -> tuple[KeptSequence | None, int]:
         """The kept sequence a prompt reuses, and how many of its tokens: at most all but the prompt's last
         token, whose logits the first sample needs."""
         if self._store is None:
@@ -591,7 +455,7 @@ class HFSampler(TokenizerContext):
         return kept, min(common, len(ids) - 1)
 
     @staticmethod
-    def _fill_past(cache: DynamicCache, matches: list[tuple[_Kept | None, int]], past: int) -> None:
+    def _fill_past(cache: DynamicCache, matches: list[tuple[KeptSequence | None, int]], past: int) -> None:
         """Fill an empty cache with each row's reused keys and values, right-aligned in `past` columns."""
         donor = next(kept for kept, m in matches if m)
         layers, heads, _, dim = donor.keys.shape
@@ -610,19 +474,19 @@ class HFSampler(TokenizerContext):
         j: int,
         attention: torch.Tensor,
         fed: list[int],
-        match: tuple[_Kept | None, int],
+        match: tuple[KeptSequence | None, int],
     ) -> None:
         """Keep the keys and values of live row `j` of `steps`, which just finished (its unpadded columns in
         `attention`, one per token of `fed`); they supersede the kept sequence the row reused if `fed` extends it."""
         if self._store is None:
             return
         tokens = np.asarray(fed, dtype=np.int64)
-        if match[0] is not None and _is_prefix(match[0].tokens, tokens):
+        if match[0] is not None and is_prefix(match[0].tokens, tokens):
             self._store.discard(match[0])
         if len(fed) > self._store.max_tokens:
             return
         columns = attention.nonzero().squeeze(-1)  # (len(fed),)
-        self._store.add(_Kept(tokens, *steps.row(j, columns)))
+        self._store.add(KeptSequence(tokens, *steps.row(j, columns)))
 
     def _sample(
         self, logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None = None
@@ -666,45 +530,6 @@ class HFSampler(TokenizerContext):
             return Completion("", tuple(tokens), tuple(logps), "error", f"decode failed: {err!r}")
         text, _ = cut_at_stop(text, params.stop)
         return Completion(text, tuple(tokens), tuple(logps), reason)
-
-
-@contextlib.contextmanager
-def _narrow_linears(model: torch.nn.Module, max_rows: int) -> Iterator[None]:
-    """While open, every plain float32 `nn.Linear` of `model` computes an input of at most `max_rows` rows as
-    (W @ x^T)^T, a lone row doubled first (see the module docstring for why and the measured gain).
-
-    Only layers of exactly `nn.Linear` whose weight is a plain tensor are changed, and only those without a
-    forward of their own already (a hook library's wrapper stays in charge); each gets an instance `forward`
-    that is deleted on exit, so the model is as it was afterwards, also after an exception.
-    """
-    layers = []
-    if max_rows > 0:
-        layers = [
-            module
-            for module in model.modules()
-            if type(module) is torch.nn.Linear
-            and type(module.weight.data) is torch.Tensor
-            and module.weight.dtype == torch.float32
-            and "forward" not in vars(module)
-        ]
-    for layer in layers:
-        layer.forward = _narrow_forward(layer, max_rows)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
-
-
-def _narrow_forward(layer: torch.nn.Linear, max_rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not 0 < rows <= max_rows or x.dtype != layer.weight.dtype or torch.is_autocast_enabled(x.device.type):
-            return torch.nn.functional.linear(x, layer.weight, layer.bias)
-        out = narrow_linear(x.reshape(rows, x.shape[-1]), layer.weight, layer.bias)
-        return out.reshape(*x.shape[:-1], layer.weight.shape[0])
-
-    return forward
 
 
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -1,45 +1,28 @@
 """Decode steps over preallocated key/value buffers of fixed shapes, replayed as CUDA graphs on a GPU.
 
-A decode step of a small model is hundreds of tiny kernels (SmolLM2-135M: 30 layers of norms, projections,
-rotary embeddings and attention). Launched one by one from Python, a 64-row step of SmolLM2-135M costs about
-35 ms on an H100, almost all of it host-side dispatch (`benchmarks.sampler_gpu`). A CUDA graph replays the
-whole step with one launch, but it needs every tensor at a fixed address with a fixed shape, which a
-growing, shrinking `DynamicCache` never has. So here the keys and values live in buffers allocated once and
-reused across calls, `(rows, kv_heads, columns, head_dim)` per layer, and the step is our own function of
-the model's modules that writes the new token's keys and values into one column (`index_copy_` with a
-column held in a tensor) and attends over a fixed number of columns under a boolean mask.
+A small model's decode step is hundreds of tiny kernels, launched one by one from Python, so on a GPU it is bound
+by host-side dispatch (`benchmarks.sampler_gpu`; figures in docs/results/throughput.md). A CUDA graph replays the
+whole step with one launch, but needs every tensor at a fixed address with a fixed shape, which a growing,
+shrinking `DynamicCache` never has. Here the keys and values live in buffers allocated once and reused across
+calls, ``(rows, kv_heads, columns, head_dim)`` per layer; the step is our own function of the model's modules that
+writes the new token's keys and values into one column and attends over a fixed number of columns under a mask.
 
-Shapes come in buckets so that a few graphs serve every call: rows in powers of two up to the sampler's
-batch size, columns in multiples of `COLUMN_BUCKET`. A graph is captured the first time its (rows, columns)
-pair is needed and replayed afterwards; all graphs share one memory pool. Rows that finish keep their slot
-(their step output is ignored) until the live rows fit a smaller bucket; then the live rows are gathered
-into the first slots and the smaller graph takes over.
+Shapes come in buckets (rows in powers of two up to the batch size, columns in multiples of `COLUMN_BUCKET`), so a
+few graphs, captured on first need and sharing one memory pool, serve every call. Finished rows keep their slot
+until the live rows fit a smaller bucket; then they are gathered into the first slots.
 
-Memory policy: the buffers grow to the largest (rows, columns) bucket a call has needed (columns at least
-doubling when they grow) and stay allocated (SmolLM2-135M in bfloat16: 23 KB per token and row, so 64 rows x
-2,048 columns is 3 GB); they are freed, and the graphs dropped, when the model's parameters are replaced by other
-tensors, when the autocast state or the key dtype changes, or with `StaticDecoder.clear()`. Under autocast the
-buffers are in the autocast dtype (what the attention reads). The step reads q, k and v as one stacked matrix and
-gate and up as another, copies the decoder keeps and refreshes in place at the start of each call (SmolLM2-135M:
-280 MB in float32); under autocast it keeps every linear layer's weight so, in the autocast dtype (270 MB in
-bfloat16). In-place weight updates (an optimizer step, a LoRA merge) need no recapture: a graph reads the
-copies, or the weights, by address. Each graph keeps its logits output (rows x vocabulary floats) alive.
+Memory: the buffers grow to the largest bucket a call needed and stay allocated; they are freed, and the graphs
+dropped, when the parameters are replaced by other tensors, when the autocast state or the key dtype changes, or
+with `StaticDecoder.clear()`. The step reads q, k and v as one stacked matrix and gate and up as another (copies
+refreshed in place each call; under autocast every linear weight is kept so, in the autocast dtype). In-place
+weight updates need no recapture: a graph reads them by address.
 
-The step reproduces the Llama decoder layer (pre-norm RMS norms, rotary attention with grouped-query heads, a SwiGLU
-MLP) in fewer operations than the model's own forward (a graph replays every kernel it captured, and at 64 rows most
-of a step's GPU time is the kernels' count, not their work): one product for q, k and v and one for gate and up, the
-rotary embedding of q and k in one go, the norms as `F.rms_norm`; SmolLM2-135M's step went from 1,704 to 976
-top-level operations. Three architectures have that layer (`SUPPORTED_MODEL_TYPES`): Llama (SmolLM2), Qwen2
-(Qwen2.5, whose q, k and v projections have biases: stacked too, one addition after the stacked product) and
-Mistral. Biases are added wherever a layer has them (Llama's `attention_bias` and `mlp_bias` too); a bias-free
-model's step has no extra operation. `supports` refuses, with a reason, what the step does not compute:
-sliding-window attention on any layer (Qwen2's `use_sliding_window`, Mistral's `sliding_window`), layers with other
-parameters (Qwen3's query and key norms), rotary embeddings rescaled by the sequence length, and linear layers
-wrapped by LoRA or quantization.
-Grouped-query attention for one new token is computed as `kv_heads` heads of `groups` query rows each, which
-needs no repeated keys. On a CPU the same step runs without graphs (`graphs=False`): slower than the dynamic cache
-(attention over the whole column bucket), and there so that tests can check that static decoding samples
-what dynamic decoding samples.
+The step reproduces the Llama decoder layer (pre-norm RMS norms, rotary grouped-query attention, a SwiGLU MLP) in
+fewer operations than the model's own forward. `SUPPORTED_MODEL_TYPES` have that layer: Llama, Qwen2 (biases on
+q, k, v) and Mistral; `supports` refuses, with a reason, sliding-window attention, layers with other parameters
+(Qwen3's query and key norms), length-rescaled rotary embeddings and linear layers wrapped by LoRA or quantization.
+On a CPU the same step runs without graphs (`graphs=False`); the sampler's ``decode="static"`` uses it there, and
+tests check that it samples what dynamic decoding samples.
 """
 
 from __future__ import annotations

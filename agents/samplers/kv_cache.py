@@ -1,0 +1,170 @@
+"""Keys and values of the transformers sampler (`agents.samplers.hf`): kept between calls, grown in place.
+
+`PrefixStore` keeps the keys and values of finished rows under a token budget and matches a new prompt against
+them by longest common prefix; `AppendLayer` is a cache layer that writes each step's keys and values into
+reserved room; `narrow_linears` gives a model's float32 `nn.Linear` layers the W @ x^T form for few-row inputs
+on a CPU (`agents.samplers.static_decode.narrow_linear`; measured in docs/results/throughput.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from agents.samplers.static_decode import narrow_linear
+
+__all__ = ["AppendLayer", "KeptSequence", "PrefixStore", "common_length", "is_prefix", "narrow_linears"]
+
+
+@dataclass(eq=False)
+class KeptSequence:
+    """Keys and values of one token sequence fed from position 0, each (layers, kv_heads, n, head_dim)."""
+
+    tokens: np.ndarray  # (n,) int64
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class PrefixStore:
+    """Kept sequences under a token budget, least recently used out first, matched by longest common prefix."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.entries: OrderedDict[int, KeptSequence] = OrderedDict()
+        self.tokens = 0
+
+    def match(self, ids: np.ndarray) -> tuple[KeptSequence | None, int]:
+        """The kept sequence sharing the longest prefix with `ids`, and that prefix's length (0: none)."""
+        best, best_len = None, 0
+        for kept in self.entries.values():
+            n = min(len(kept.tokens), len(ids))
+            if n <= best_len or kept.tokens[0] != ids[0]:
+                continue
+            differ = np.flatnonzero(kept.tokens[:n] != ids[:n])
+            common = int(differ[0]) if differ.size else n
+            if common > best_len:
+                best, best_len = kept, common
+        if best is not None:
+            self.entries.move_to_end(id(best))
+        return best, best_len
+
+    def add(self, kept: KeptSequence) -> None:
+        if len(kept.tokens) > self.max_tokens:
+            return
+        self.entries[id(kept)] = kept
+        self.tokens += len(kept.tokens)
+        while self.tokens > self.max_tokens:
+            _, old = self.entries.popitem(last=False)
+            self.tokens -= len(old.tokens)
+
+    def discard(self, kept: KeptSequence) -> None:
+        if self.entries.pop(id(kept), None) is not None:
+            self.tokens -= len(kept.tokens)
+
+    def release(self, ids: np.ndarray) -> None:
+        """Drop every kept sequence that is a prefix of `ids`."""
+        for kept in [k for k in self.entries.values() if is_prefix(k.tokens, ids)]:
+            self.discard(kept)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.tokens = 0
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id lists."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+def is_prefix(head: np.ndarray, ids: np.ndarray) -> bool:
+    return len(head) <= len(ids) and bool(np.array_equal(head, ids[: len(head)]))
+
+
+class AppendLayer(DynamicLayer):
+    """A `DynamicLayer` that writes new keys and values into reserved room instead of concatenating the whole
+    cache at every decode step (which reads and writes all of it, as much memory traffic per step as the
+    attention itself); `keys` and `values` are views of the filled part.
+
+    Args:
+        reserve: columns to allocate at the first update (the widest the call's cache can get: past + prompt +
+            new tokens); an update past the room grows it by half.
+    """
+
+    def __init__(self, reserve: int = 0) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self._keys: torch.Tensor | None = None  # (batch, kv_heads, room, head_dim)
+        self._values: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        used = 0 if self._keys is None else self.keys.shape[-2]
+        need = used + key_states.shape[-2]
+        if self._keys is None or need > self._keys.shape[-2]:
+            room = max(need, self.reserve) if self._keys is None else need + need // 2
+            shape = (*key_states.shape[:-2], room, key_states.shape[-1])
+            keys, values = key_states.new_empty(shape), value_states.new_empty(shape)
+            if used:
+                keys[..., :used, :] = self.keys
+                values[..., :used, :] = self.values
+            self._keys, self._values = keys, values
+        self._keys[..., used:need, :] = key_states
+        self._values[..., used:need, :] = value_states
+        self.keys, self.values = self._keys[..., :need, :], self._values[..., :need, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._keys is not None:
+            used = self.keys.shape[-2]
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
+
+
+@contextlib.contextmanager
+def narrow_linears(model: torch.nn.Module, max_rows: int) -> Iterator[None]:
+    """While open, every plain float32 `nn.Linear` of `model` computes an input of at most `max_rows` rows as
+    (W @ x^T)^T, a lone row doubled first (why, and the gain: `agents.samplers.hf`).
+
+    Only layers of exactly `nn.Linear` whose weight is a plain tensor are changed, and only those without a
+    forward of their own already (a hook library's wrapper stays in charge); each gets an instance `forward`
+    that is deleted on exit, so the model is as it was afterwards, also after an exception.
+    """
+    layers = []
+    if max_rows > 0:
+        layers = [
+            module
+            for module in model.modules()
+            if type(module) is torch.nn.Linear
+            and type(module.weight.data) is torch.Tensor
+            and module.weight.dtype == torch.float32
+            and "forward" not in vars(module)
+        ]
+    for layer in layers:
+        layer.forward = _narrow_forward(layer, max_rows)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _narrow_forward(layer: torch.nn.Linear, max_rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 0 < rows <= max_rows or x.dtype != layer.weight.dtype or torch.is_autocast_enabled(x.device.type):
+            return torch.nn.functional.linear(x, layer.weight, layer.bias)
+        out = narrow_linear(x.reshape(rows, x.shape[-1]), layer.weight, layer.bias)
+        return out.reshape(*x.shape[:-1], layer.weight.shape[0])
+
+    return forward

@@ -1,0 +1,172 @@
+"""The command line of the training entry points: a `Config` from the preset, a ``--config FILE`` and the flags.
+
+`parse_config` is what every entry point parses with (through `algos.launch.main`); its ``--help`` lists the flags
+in the groups of `algos.config.FLAG_GROUPS`, with the entry point's fixed ``--algo`` left out.
+
+    python -m algos.red_grpo --help
+    python -m algos.red_grpo --preset cpu --config runs/red/redcoda_config.json --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from algos.config import FLAG_GROUPS, VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
+from algos.presets import PRESETS
+
+__all__ = ["grouped_help", "load_config_file", "parse_config"]
+
+HIDDEN_FLAGS = frozenset({"algo"})
+"""Fields the entry point fixes (`parse_config`'s `algo`): parsed as before, left out of ``--help``."""
+
+
+def parse_config(
+    argv: Sequence[str] | None = None,
+    *,
+    algo: AlgoName,
+    description: str | None = None,
+    config_cls: type[Config] = Config,
+    **defaults: object,
+) -> Config:
+    """Parse a command line into a `Config`: the preset first, then a ``--config FILE``'s values, then every flag.
+
+    The preset is ``--preset``'s, else the config file's, else ``gpu`` with CUDA and ``cpu`` without (printed, as
+    the recipes differ). ``--config`` takes a YAML or JSON mapping of field names to values (`load_config_file`),
+    such as a run's saved ``redcoda_config.json``.
+
+    Args:
+        argv: Arguments without the program name; None reads sys.argv.
+        algo: The entry point's algorithm (its default for ``--algo``).
+        description: Text shown at the top of ``--help``.
+        config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
+        **defaults: Entry-point defaults applied on top of the preset (flags still override them).
+
+    Returns:
+        The parsed, frozen `Config`.
+
+    Raises:
+        SystemExit: status 2, after a one-line message naming the flag, for settings that cannot train
+            (``--temperature 0``, ``--group-size 1`` with GRPO, ``--steps 0``, ...), as for any usage error.
+    """
+    import tyro
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    args, from_file = _config_file_values(args, config_cls)
+    preset = _chosen_preset(args, from_file)
+    token = VALIDATE_ON_INIT.set(False)
+    try:
+        values = {"algo": algo, **defaults, **{k: v for k, v in from_file.items() if k != "preset"}}
+        base = preset_config(preset, config_cls, **values)  # checked with the flags, below
+        usage = "--config FILE: a YAML or JSON file of these settings, applied after the preset, before the flags."
+        description = f"{description or ''}\n\n{usage}".strip()
+        if {"-h", "--help"} & set(args):
+            print(grouped_help(config_cls, base, description), end="")
+            raise SystemExit(0)
+        config = tyro.cli(config_cls, default=base, args=args, description=description)
+    finally:
+        VALIDATE_ON_INIT.reset(token)
+    try:
+        config.validate()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return config
+
+
+def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Config) -> dict[str, object]:
+    """Field values from a YAML or JSON file (a mapping of field name to value; a run's redcoda_config.json is one).
+
+    Lists become tuples (JSON has no tuples), so a saved config reads back as the values it was saved from.
+
+    Raises:
+        ValueError: the file is not a mapping, or names something that is not a field of `config_cls`.
+    """
+    import json
+
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".json"):
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text)  # YAML is a superset of JSON: any other name reads either
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: a config file is a mapping of field names to values, got {type(values).__name__}")
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{path}: not a setting of {config_cls.__name__}: {', '.join(unknown)}")
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+
+
+def _config_file_values(args: list[str], config_cls: type[Config]) -> tuple[list[str], dict[str, object]]:
+    """`args` without ``--config FILE``, and the file's field values (none without the flag)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    known, rest = pre.parse_known_args(args)
+    if known.config is None:
+        return args, {}
+    try:
+        return rest, load_config_file(known.config, config_cls)
+    except (OSError, ValueError) as err:
+        print(f"error: --config: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _chosen_preset(args: Sequence[str], from_file: dict[str, object]) -> PresetName:
+    """The preset of ``--preset``, else of the config file, else by hardware; says which when hardware chose it."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
+    named = pre.parse_known_args(list(args))[0].preset or from_file.get("preset")
+    if named is not None:
+        return named  # type: ignore[return-value]
+    preset = default_preset()
+    if int(os.environ.get("RANK", "0")) == 0 and not {"-h", "--help"} & set(args):
+        # The same command trains a different recipe on a machine with CUDA: say so before any work starts.
+        why = "a CUDA device is available" if preset == "gpu" else "no CUDA device"
+        print(f"preset {preset}: {why}; pass --preset to choose", flush=True)
+    return preset
+
+
+def grouped_help(config_cls: type[Config], base: Config, description: str) -> str:
+    """The ``--help`` text of `config_cls`'s flags with `base`'s values as defaults, in `FLAG_GROUPS`' groups.
+
+    tyro builds the flags (names, metavars, help with defaults) exactly as `parse_config` parses them; they are laid
+    out here in argparse groups. Fields of a learner's own settings class come last, in a group of their own; the
+    `HIDDEN_FLAGS` are left out.
+    """
+    import tyro
+
+    with warnings.catch_warnings():  # get_parser is deprecated in tyro 1.x; only its actions are read here
+        warnings.simplefilter("ignore")
+        source = tyro.extras.get_parser(config_cls, default=base)
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]),
+        usage="%(prog)s [-h] [OPTIONS]",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    groups = {title: parser.add_argument_group(title) for title in FLAG_GROUPS}
+    group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
+    for action in source._actions:  # argparse keeps a parser's actions in this list; there is no public accessor
+        name = action.dest.replace("-", "_")
+        if not action.option_strings or name == "help":
+            continue
+        if name not in group_of:  # a learner's own field (PPO's value head, ArCHer's critic)
+            title = f"{base.algo} settings"
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title)
+            group_of[name] = groups[title]
+        text = argparse.SUPPRESS if name in HIDDEN_FLAGS else (action.help or "").replace("%", "%%")
+        if action.nargs == 0:  # --flag / --no-flag
+            group_of[name].add_argument(*action.option_strings, dest=name, action="store_true", help=text)
+        else:  # tyro's metavar is the whole value's, as its own help shows it ("FLOAT FLOAT", "[STR [STR ...]]")
+            metavar = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
+            group_of[name].add_argument(*action.option_strings, dest=name, metavar=metavar, help=text)
+    return parser.format_help()

@@ -1,0 +1,132 @@
+"""The entry points' shared body: parse the command line, train the trainer class the entry point names, and print
+a fault as one line.
+
+The exit status is 1 for a fault, 2 for settings, data files, a run directory in use and a model that does not
+fit; 143 or 130 after SIGTERM or SIGINT, once the step under way is checkpointed, with the command that resumes.
+
+    python -m algos.red_grpo --preset tiny --run-dir /tmp/red-tiny   # an entry point: algos.launch.main
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from algos import distributed, run_control
+from algos.checkpoint import CheckpointWriteError, find_latest
+from algos.cli import parse_config
+from algos.config import AlgoName, Config
+from algos.logs import quiet_http_logs
+from algos.memory import DoesNotFit
+from algos.run import TrainingRun, TrainingStopped
+from envs.data import DataError
+from retrievers.corpus import CorpusError
+
+__all__ = ["main"]
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    algo: AlgoName,
+    description: str | None = None,
+    trainer_cls: type[TrainingRun],
+    config_cls: type[Config] = Config,
+    **defaults: object,
+) -> dict[str, Any]:
+    """Parse the command line, train, and return the summary (the entry points' shared body).
+
+    A fault ends the process with one line: exit status 2 for settings, data files and a run directory that cannot
+    be used (holding another run's checkpoints, or locked by a run in progress: `run_control.lock_run_dir`), 1 for
+    the rest (a full or read-only disk among them, with the checkpoint to resume from). SIGTERM or Ctrl-C stops
+    after the step under way with a checkpoint of it and one line that says how to resume; the exit status is then
+    143 or 130 (`run_control.StopSignals`).
+
+    Args:
+        argv: Arguments without the program name; None reads sys.argv.
+        algo: grpo, grpo_sft, red_grpo, sft, ppo or archer.
+        description: The entry point's ``--help`` text.
+        trainer_cls: The trainer to run: `algos.trainer.Trainer` (the GRPO family, SFT), or a learner with its own
+            advantages and losses (`algos.ppo.PPOTrainer`). The entry point names it, so that this module, which
+            the trainers build on, never imports one.
+        config_cls: The settings class its command line parses (a learner's own extends `Config`).
+        **defaults: The entry point's own defaults over the preset's (flags still override them).
+    """
+    config = parse_config(argv, algo=algo, description=description, config_cls=config_cls, **defaults)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    quiet_http_logs()
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            with run_control.StopSignals(at_once=True):  # SIGTERM or Ctrl-C in setup ends it: nothing trained yet
+                trainer = trainer_cls(config)
+        except (DataError, CorpusError, FileExistsError, FileNotFoundError, DoesNotFit, run_control.RunDirInUse) as err:
+            _exit_with(err, 2)  # a user's data or corpus, run dir (holding checkpoints, or in use) or model size
+        except (TrainingStopped, ConnectionError, CheckpointWriteError) as err:  # nothing to resume, no server, disk
+            _exit_with(err, 1)
+        except RuntimeError as err:
+            _exit_if_timed_out(err, config)
+            raise
+        except run_control.Interrupted as err:
+            command = run_control.rerun_command(args, config.output_dir, resume=config.resume)
+            _stop_with(err, command, show=True)
+        try:
+            return trainer.train()
+        except TrainingStopped as err:
+            _exit_with(err, 1)
+        except CheckpointWriteError as err:  # a full or read-only disk: the checkpoints written before it are intact
+            latest = find_latest(trainer.checkpoint_dir)
+            command = run_control.rerun_command(args, config.output_dir, resume=latest is not None)
+            where = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written yet"
+            _exit_with(OSError(f"{err}; {where}: once there is room (or it is writable again), run {command}"), 1)
+        except RuntimeError as err:
+            _exit_if_timed_out(err, config)
+            raise
+        except run_control.Interrupted as err:  # a checkpoint of the last finished step is on disk
+            command = run_control.rerun_command(args, config.output_dir, resume=True)
+            _stop_with(err, command, show=trainer.world.is_main)
+        finally:
+            trainer.close()
+    finally:
+        run_control.release_run_dir(config.output_dir)  # for a caller that goes on (the process's end releases it too)
+
+
+def _exit_with(err: BaseException, status: int) -> NoReturn:
+    """Print a fault as one line (no traceback: the message says what to do) and exit with `status`."""
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(status) from None
+
+
+def _exit_if_timed_out(err: RuntimeError, config: Config) -> None:
+    """Exit with one line (status 1) when `err` is a collective that waited past ``--dist-timeout-seconds``.
+
+    gloo raises its timeout as a plain RuntimeError ("Timed out waiting ...ms"), NCCL as a DistBackendError; either
+    means another rank stopped, hung or died, which its own output explains, so a traceback here says nothing more.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if not (isinstance(err, dist.DistError) or "timed out" in str(err).lower()):
+        return
+    detail = (str(err).strip().splitlines() or [""])[0][:200]
+    distributed.shutdown()
+    _exit_with(
+        TimeoutError(
+            f"a collective operation waited more than --dist-timeout-seconds {config.dist_timeout_seconds:g} for the "
+            f"other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
+        ),
+        1,
+    )
+
+
+def _stop_with(err: run_control.Interrupted, command: str, show: bool) -> NoReturn:
+    """Print how to go on after a stop by a signal as one line (when `show`) and exit with 128 + its number."""
+    if show:
+        print(err.message(command), file=sys.stderr)
+    raise SystemExit(err.exit_status) from None

@@ -1,0 +1,61 @@
+"""Checks of a run's settings: the rule table's test functions and the checks every settings class runs.
+
+`algos.config.Config.validate` runs `check_finite`, then `check_rules` over its rule table (field, test, the rule
+in words); a learner's settings class (`algos.ppo.PPOConfig`, ...) runs its own table the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+__all__ = ["at_least", "check_finite", "check_rules", "instruction_words", "positive", "within"]
+
+
+def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
+    """Raise ValueError naming the first field of `config` whose value breaks its rule (None values pass)."""
+    for name, ok, rule in rules:
+        value = getattr(config, name)
+        if value is not None and not ok(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
+
+
+def check_finite(config: object) -> None:
+    """Raise ValueError naming the first float field of `config` (or float in a tuple field) that is inf or nan.
+
+    No setting is meaningful at infinity (a budget or a limit that is off is None or 0), and inf or nan in a
+    coefficient, rate or bound turns the run's losses or weights into nan a step later.
+    """
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"--{spec.name.replace('_', '-')} must be a finite number, got {value!r}")
+
+
+def instruction_words(protocol: str, style: str) -> int:
+    """Words of the longest first message (instructions and a one-word question) of the protocol's roles.
+
+    A lower bound of its tokens under the tokenizers of these models: their pre-tokenizers split text at spaces,
+    so no token spans two words.
+    """
+    from envs.protocol import INSTRUCTION_STYLES, user_message
+
+    roles = ("planner", "executor") if protocol == "coda" else ("agent",)
+    return max(len(INSTRUCTION_STYLES[style][role].split()) + len(user_message(role, "?").split()) for role in roles)
+
+
+def positive(value: float) -> bool:
+    """A rule of `check_rules`: finite and > 0."""
+    return value > 0 and math.isfinite(value)
+
+
+def at_least(low: float) -> Callable[[float], bool]:
+    """A rule of `check_rules`: >= low."""
+    return lambda value: value >= low
+
+
+def within(low: float, high: float) -> Callable[[float], bool]:
+    """A rule of `check_rules`: in [low, high]."""
+    return lambda value: low <= value <= high

@@ -1,0 +1,185 @@
+"""Sharded checkpoints under FSDP: each rank writes its own shards with torch.distributed.checkpoint (DCP).
+
+With several ranks under ``--fsdp`` (`save_sharded_checkpoint`) each rank writes its own shard of the weights and
+of the optimizer state in place of weights.safetensors and optimizer.pt, so no rank ever holds the whole state:
+
+    step_000050/
+        shards/.metadata       DCP's index: each tensor's global shape and the file and offset of each chunk
+        shards/__0_0.distcp    rank 0's chunks (weights, AdamW moments, weight average; replicated tensors such as
+        shards/__1_0.distcp    a value head once, on one rank), rank 1's, ...
+        rng.safetensors, rng_rank1.safetensors, ...   each rank's RNG states, written by that rank
+        state.json             as in `algos.checkpoint`, plus the optimizer's parameter groups (by FQN)
+        manifest.json          every file, the shards and DCP's .metadata included
+
+DCP reshards on load (`load_sharded_tensors`), so a sharded checkpoint resumes with any number of ranks or in one
+process. Rank 0 creates the temporary directory and broadcasts its name; every rank writes, fsyncs and hashes its
+own files; the ranks gather their digests (and any failure, so that none waits for ever); rank 0 then writes
+state.json and the manifest, and commits (`algos.checkpoint_files.commit`); the others learn the outcome from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from algos.atomic_files import CheckpointWriteError, file_entry, writing
+from algos.checkpoint_files import SHARDS_DIR, commit, new_tmp_dir, rng_file, rng_state, save_rng, step_dir_name
+
+__all__ = ["load_sharded_tensors", "save_sharded_checkpoint", "sharded_keys"]
+
+
+def _grouped() -> bool:
+    """Whether a process group exists (DCP then coordinates the ranks; without one it reads and writes alone)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _dcp_alone() -> Iterator[None]:
+    """Around DCP's save or load: without a process group it works alone, as meant here; its warning that it
+    assumes so says nothing to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _grouped() else 0
+
+
+def save_sharded_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    tensors: Mapping[str, Any],
+    state: Mapping[str, Any],
+    keep: int = 3,
+    _before_commit: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write one sharded checkpoint with torch.distributed.checkpoint: a collective, every rank calls it.
+
+    Each rank writes its own chunks of `tensors` (DTensor shards; a replicated plain tensor once, on one rank)
+    and its own RNG states; rank 0 writes state.json and the manifest and commits, as
+    `algos.checkpoint.save_checkpoint` does.
+
+    Args:
+        root: The checkpoints directory (created if missing).
+        step: Steps done; names the directory.
+        tensors: This rank's state dict for DCP: nested dicts of DTensors and tensors, the same keys on every rank.
+        state: JSON-serialisable state, rank 0's written (the other ranks' is not read).
+        keep: Keep this many newest checkpoints (at least 1).
+        _before_commit: Test hook, see `algos.checkpoint.save_checkpoint` (rank 0 calls it).
+
+    Returns:
+        The checkpoint's directory (on every rank, once rank 0 has committed it).
+
+    Raises:
+        CheckpointWriteError: on every rank, when any rank failed to write its files or rank 0 to commit them; the
+            message names each failing rank's cause.
+        RuntimeError: on every rank, when a rank failed otherwise (a fault of the program, not of the disk).
+    """
+    from algos import distributed
+
+    root = Path(root)
+    rank = _rank()
+    final = root / step_dir_name(step)
+    if rank == 0:
+        with writing(final, root):
+            made = str(new_tmp_dir(root, final))
+    tmp = Path(distributed.broadcast_object(made if rank == 0 else None))
+    reports = distributed.gather_objects(_write_own_shards(tmp, final, tensors, rank))
+    failures = [f for f, _ in reports if f is not None]
+    if rank != 0:
+        outcome = distributed.broadcast_object(None)
+        if outcome:
+            raise _sharded_failure(final, outcome)
+        return final
+    outcome: tuple[str, int | None, bool] | None = ("rank 0 stopped before committing it", None, False)
+    try:
+        if failures:
+            outcome = (
+                "; ".join(cause for cause, _, _ in failures),
+                next((code for _, code, _ in failures if code is not None), None),
+                all(write for _, _, write in failures),
+            )
+            raise _sharded_failure(final, outcome)
+        known = {name: entry for _, part in reports for name, entry in part.items()}
+        with writing(final, tmp):
+            commit(tmp, final, {"step": step, **dict(state)}, known, keep, _before_commit)
+        outcome = None
+    except CheckpointWriteError as err:
+        outcome = (err.cause, err.errno, True)
+        raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        distributed.broadcast_object(outcome)
+    return final
+
+
+def _write_own_shards(
+    tmp: Path, final: Path, tensors: Mapping[str, Any], rank: int
+) -> tuple[tuple[str, int | None, bool] | None, dict[str, dict[str, Any]]]:
+    """This rank's part of `save_sharded_checkpoint`: its DCP chunks and RNG states in `tmp`, fsynced and hashed.
+
+    Returns:
+        (failure, written): None or why this rank failed (cause, errno, whether a write fault); and the manifest
+        entries of the files it wrote.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    failure, written = None, {}
+    try:
+        with writing(final, tmp):  # classified before the partial files that filled the disk are removed
+            writer = dcp.FileSystemWriter(tmp / SHARDS_DIR, sync_files=True)
+            with _dcp_alone():
+                dcp.save(dict(tensors), storage_writer=writer, no_dist=not _grouped())
+            save_rng(tmp / rng_file(rank), rng_state())
+            # this rank's files (DCP names them by rank), hashed here: the ranks share the hashing of the shards
+            # (rank 0 hashes whatever no rank reported)
+            mine = [tmp / rng_file(rank), *(tmp / SHARDS_DIR).glob(f"__{rank}_*.distcp")]
+            written = {p.relative_to(tmp).as_posix(): file_entry(p) for p in mine}
+    # every rank must hear of a failure (as cause, errno, whether a write fault): the others would wait in the next
+    # collective for ever
+    except CheckpointWriteError as err:
+        failure = (err.cause if not _grouped() else f"rank {rank}: {err.cause}", err.errno, True)
+    except Exception as err:
+        failure = (f"rank {rank}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", None, False)
+    return failure, written
+
+
+def _sharded_failure(final: Path, outcome: tuple[str, int | None, bool]) -> Exception:
+    """The error every rank raises for a sharded checkpoint that was not written: a `CheckpointWriteError` when every
+    failing rank's was a write fault, else a RuntimeError (a fault of the program, whose traceback matters)."""
+    cause, code, write = outcome
+    if write:
+        return CheckpointWriteError(final, cause, code)
+    return RuntimeError(f"checkpoint {final} was not written: {cause}")
+
+
+def sharded_keys(path: str | os.PathLike) -> set[str]:
+    """The flattened keys a sharded checkpoint holds (``model.<name>``, ``optimizer.<fqn>.exp_avg``, ...)."""
+    import torch.distributed.checkpoint as dcp
+
+    return set(dcp.FileSystemReader(Path(path) / SHARDS_DIR).read_metadata().state_dict_metadata)
+
+
+def load_sharded_tensors(path: str | os.PathLike, tensors: dict[str, Any]) -> None:
+    """Fill `tensors` in place from sharded checkpoint `path`: a collective when a process group exists.
+
+    `tensors` is a nested dict shaped like (part of) what `save_sharded_checkpoint` saved, its tensors allocated
+    where they belong: DTensors read just their shard, plain tensors the whole tensor, whatever the number of ranks
+    that wrote it. The caller verifies the checkpoint first (`checkpoint_problem`).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    with _dcp_alone():
+        dcp.load(tensors, storage_reader=dcp.FileSystemReader(Path(path) / SHARDS_DIR), no_dist=not _grouped())

@@ -1,0 +1,46 @@
+"""The run's tail plays exactly what it played before its speed-ups: kept keys and values copied once per row are
+the same numbers, and a greedy CoDA evaluation over them predicts the same, field for field (tiny model, real env)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from agents.evaluation import evaluate
+from agents.samplers import hf
+from agents.samplers.kv_cache import AppendLayer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _stacked_row(self: hf._CacheSteps, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The earlier formulation: a gather per layer, then a stack of them (two copies)."""
+    layers = self.cache.layers
+    keys = torch.stack([layer.keys[j].index_select(1, columns) for layer in layers])
+    return keys, torch.stack([layer.values[j].index_select(1, columns) for layer in layers])
+
+
+def test_a_finished_rows_keys_and_values_are_its_columns(tiny):
+    model, _ = tiny
+    cache = DynamicCache(config=model.config)
+    cache.layers = [AppendLayer(12) for _ in cache.layers]
+    generator = torch.Generator().manual_seed(0)
+    for index in range(len(cache.layers)):  # (rows, kv_heads, columns, head_dim), then one decode column more
+        for width in (9, 1):
+            keys, values = torch.randn(3, 2, width, 4, generator=generator), torch.randn(3, 2, width, 4)
+            cache.update(keys, values, index)
+    steps = hf._CacheSteps(model, cache)
+    columns = torch.tensor([2, 3, 4, 7, 8, 9])  # a row's unpadded columns: reused past, fresh prompt, samples
+    for j in range(3):
+        for got, want in zip(steps.row(j, columns), _stacked_row(steps, j, columns), strict=True):
+            assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_greedy_coda_predictions_do_not_depend_on_how_kept_rows_are_copied(tiny, bm25, monkeypatch):
+    kwargs = {"limit": 4, "batch": 3, "max_new_tokens": 8, "max_turns": 3, "progress": False}
+    now = evaluate("coda", tiny, "dev", **kwargs)
+    monkeypatch.setattr(hf._CacheSteps, "row", _stacked_row)
+    before = evaluate("coda", tiny, "dev", **kwargs)
+    assert now["predictions"] == before["predictions"] and now["metrics"] == before["metrics"]
+    assert sum(p["sampled_tokens"] for p in now["predictions"]) > 0
