@@ -234,9 +234,12 @@ def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -
     if args.out:
         print(f"wrote {result['n']} predictions to {args.out}")
     if args.result:
+        env_kwargs = target.env_kwargs  # the env played, in full (as first_search replays it)
+        if target.env_id is None:
+            env_kwargs = env_settings(target.agent, args.dataset, target.split, target.max_turns, **env_kwargs)[1]
         settings = {
             "agent": target.agent,
-            "env_kwargs": target.env_kwargs,
+            "env_kwargs": env_kwargs,
             "max_new_tokens": target.max_new_tokens,
             "seed": args.seed,
         }

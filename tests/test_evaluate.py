@@ -107,6 +107,26 @@ def test_evaluate_scores_every_question(agent, tiny, bm25, tmp_path):
     assert agent in format_table([result])
 
 
+def test_the_command_line_scores_a_slice_and_writes_the_whole_result(tiny, tmp_path):
+    """--first 2 --limit 2 scores dev 2-3; --result writes metrics, predictions and the env settings first_search
+    reads; --first without --limit is refused in one line."""
+    from benchmarks.evaluate import main as evaluate_main
+
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    path = tmp_path / "result.json"
+    argv = ["--agent", "coda", "--model", str(tmp_path / "tiny"), "--threads", "1", "--max-new-tokens", "4"]
+    argv += ["--first", "2", "--limit", "2"]
+    evaluate_main([*argv, "--result", str(path)])
+    written = json.loads(path.read_text())
+    assert [p["index"] for p in written["predictions"]] == [2, 3] and written["n"] == 2
+    assert written["settings"]["agent"] == "coda" and "split" in written["settings"]["env_kwargs"]
+    with pytest.raises(SystemExit) as stop:
+        evaluate_main(["--agent", "coda", "--first", "2"])
+    assert stop.value.code == 2
+
+
 def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, capsys):
     """Dev 1's answer stands in what its question-as-query search shows ("Carver Dana Andrews", Doc 2); dev 3's and
     dev 56's do not, but dev 56's second query ("Chris Wood") shows it ("New Zealand national team"), dev 3's second

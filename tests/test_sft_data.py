@@ -65,6 +65,18 @@ def test_demonstrations_without_quotes_have_their_own_cache(tokenizer):
         preset_config("cpu", quote_words=-1)
 
 
+def test_demonstrations_that_search_twice_have_their_own_cache(tokenizer):
+    """--min-searches 2 changes the demonstrations, so their cache; the default keeps the key of earlier runs."""
+    from algos.config import preset_config
+    from algos.sft_data import demonstrations_cache_path
+
+    default = demonstrations_cache_path(preset_config("cpu"), tokenizer)
+    assert demonstrations_cache_path(preset_config("cpu", min_searches=1), tokenizer) == default
+    assert demonstrations_cache_path(preset_config("cpu", min_searches=2), tokenizer) != default
+    with pytest.raises(ValueError, match="--min-searches must be >= 1"):
+        preset_config("cpu", min_searches=0)
+
+
 def test_a_planner_share_sets_how_many_planner_contexts_each_minibatch_draws():
     roles = ["planner", "executor"] * 50
     for step in range(20):
