@@ -119,7 +119,10 @@ class OracleAgent(ContextAgent):
     written right after the words that say what is asked. With ``min_searches`` 2 it searches a second time before
     answering even when the first results already show the answer (a missing gold title named in what it read, else
     the named gold title that holds the answer): every episode then has the same shape, so the second search is the
-    model's most likely move after the first results, not a choice it must learn.
+    model's most likely move after the first results, not a choice it must learn. With ``results_queries`` a later
+    query prefers a gold title that the results name and the question does not (the bridge entity, read off the
+    passages); a second search that ``min_searches`` adds after the answer already shows is made only with such a
+    title, so no demonstration searches again for a name it could copy from its own question.
 
     Passage text is data, never protocol. The oracle reads passages only from the results of its own searches and
     the <result> of a task only when the env hands control back to the planner, so tags inside a passage
@@ -140,6 +143,8 @@ class OracleAgent(ContextAgent):
             docstring).
         min_searches: searches per episode (flat) or per task (coda) before the oracle answers, where a query it
             can copy remains (see the module docstring).
+        results_queries: later queries name a gold title the results name and the question does not, first (see
+            above).
     """
 
     def __init__(
@@ -152,6 +157,7 @@ class OracleAgent(ContextAgent):
         follow_bridge: bool = False,
         restate_question: bool = False,
         min_searches: int = 1,
+        results_queries: bool = False,
     ) -> None:
         if quote_words < 0:
             raise ValueError(f"quote_words must be >= 0 (0: no quote), got {quote_words}")
@@ -165,6 +171,7 @@ class OracleAgent(ContextAgent):
         self.follow_bridge = follow_bridge
         self.restate_question = restate_question
         self.min_searches = min_searches
+        self.results_queries = results_queries
         self.max_context_tokens = 1 << 30
         self.params = self.executor_params = SamplingParams(max_new_tokens=0)
         self._plans: dict[tuple[int, str], _Plan] = {}
@@ -244,6 +251,13 @@ class OracleAgent(ContextAgent):
         quote = self._evidence(plan, example)
         follow = self.follow_bridge and copyable and plan.searches > 0 and not is_yes_no(answer)
         again = [] if plan.searches >= self.min_searches else copyable or self._named_golds(plan, example, seen)
+        if self.results_queries:
+            body = " ".join(plan.shown.values())
+            copyable = self._read_off(copyable, body, question) + [t for t in copyable if _contains(question, t)]
+            if again and quote is not None:
+                again = self._read_off(copyable, body, question) or self._read_off(
+                    self._named_golds(plan, example, seen), body, question
+                )
         if (quote is None or follow or again) and plan.searches < self.max_searches:
             if plan.searches == 0:
                 query = question
@@ -259,6 +273,11 @@ class OracleAgent(ContextAgent):
             plan.searches += 1
             return f"<think>I need to search.</think>\n<search>{query}</search>"
         return self._answer(plan, answer, quote, question)
+
+    @staticmethod
+    def _read_off(titles: list[str], body: str, question: str) -> list[str]:
+        """The titles that the shown passages name and the question does not."""
+        return [t for t in titles if _contains(body, t) and not _contains(question, t)]
 
     @staticmethod
     def _named_golds(plan: _Plan, example: QAExample, seen: str) -> list[str]:

@@ -247,6 +247,10 @@ class Config:
     min_searches: int = 1
     """Demonstrations search at least this many times per episode (flat) or task (coda) before answering, where a
     query copied from the question or the results remains: 2 makes every episode search twice (`agents.oracle`)."""
+    results_queries: bool = False
+    """Demonstrations' later queries name a gold title that the results name and the question does not (the bridge
+    entity) before one the question names, and the second search `min_searches` adds after the answer already shows
+    is made only with such a title (`agents.oracle`)."""
     restate_question: bool = False
     """Demonstrations open each answering turn with <think> and the question it answers (the executor's: its task),
     so the answer is written right after the words that say what is asked (`agents.oracle`)."""
@@ -520,7 +524,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "SFT weighting": (
         "sft_coef", "red_max_factor", "red_decay", "red_use_accuracy", "sft_batch_size", "sft_planner_share", "sft_mix",
-        "sft_data", "sft_num_demos", "quote_words", "follow_bridge", "min_searches", "restate_question",
+        "sft_data", "sft_num_demos", "quote_words", "follow_bridge", "min_searches", "results_queries",
+        "restate_question",
     ),
     "run and logging": (
         "preset", "algo", "seed", "run_dir", "run_name", "resume", "save_every", "keep_checkpoints", "push_to_hub",

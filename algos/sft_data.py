@@ -66,6 +66,7 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
         **({"follow_bridge": True} if config.follow_bridge else {}),
         **({"restate_question": True} if config.restate_question else {}),
         **({"min_searches": config.min_searches} if config.min_searches != 1 else {}),
+        **({"results_queries": True} if config.results_queries else {}),
         "seed": config.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
@@ -103,6 +104,7 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
         follow_bridge=config.follow_bridge,
         restate_question=config.restate_question,
         min_searches=config.min_searches,
+        results_queries=config.results_queries,
     )
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:

@@ -266,6 +266,33 @@ def test_a_minimum_of_two_searches_makes_the_second_search_the_rule(episodes, bm
         OracleAgent(tokenizer, min_searches=0)
 
 
+def test_results_queries_read_the_second_query_off_the_results(episodes, bm25, tokenizer):
+    """`results_queries` with `min_searches=2`: a second search added after the answer already shows names a gold
+    title that the first results name and the question does not, never one copied from the question (the default
+    `min_searches=2` copies one there on some of these rows); the answers and their grounding stay perfect."""
+    protocol, _, default = episodes
+    queries_of = {}
+    for name, options in {"plain": {}, "results": {"results_queries": True}}.items():
+        env_list = [gym.make(ENV_IDS[protocol], retriever=bm25, **ORACLE_ENV) for _ in ROWS]
+        trajectories = OracleAgent(tokenizer, seed=0, min_searches=2, **options).rollout(env_list, ROWS, seed=0)
+        queries_of[name] = [re.findall(r"<search>(.*?)</search>", "".join(t.actions)) for t in trajectories]
+        assert all(t.info["f1"] == 1.0 for t in trajectories)
+    examples = env_list[0].unwrapped.examples
+    copied = {"plain": 0, "results": 0}
+    read_off = 0
+    for before, plain, results in zip(default, queries_of["plain"], queries_of["results"], strict=True):
+        example = examples[before.example_index]
+        if before.info["num_searches"] != 1 or is_yes_no(example.answer):
+            continue  # the first results showed the answer: any second search is the one min_searches adds
+        for name, queries in (("plain", plain), ("results", results)):
+            copied[name] += len(queries) >= 2 and queries[1].lower() in example.question.lower()
+        if len(results) >= 2:
+            read_off += 1
+            assert results[1].lower() not in example.question.lower()
+            assert any(results[1] in (title, _base_title(title)) for title in example.gold_titles)
+    assert copied["results"] == 0 and copied["plain"] >= 1 and read_off >= 1
+
+
 def test_restating_the_question_opens_every_answering_turn_with_it(episodes, bm25, tokenizer):
     """`restate_question`: the same episodes, each answering turn preceded by <think> and the question it answers
     (flat and planner: the question; executor: its task); the env scores them as before."""

@@ -66,13 +66,17 @@ def test_demonstrations_without_quotes_have_their_own_cache(tokenizer):
 
 
 def test_demonstrations_that_search_twice_have_their_own_cache(tokenizer):
-    """--min-searches 2 changes the demonstrations, so their cache; the default keeps the key of earlier runs."""
+    """--min-searches 2 and --results-queries change the demonstrations, so their cache; the defaults keep the key of
+    earlier runs."""
     from algos.config import preset_config
     from algos.sft_data import demonstrations_cache_path
 
     default = demonstrations_cache_path(preset_config("cpu"), tokenizer)
     assert demonstrations_cache_path(preset_config("cpu", min_searches=1), tokenizer) == default
-    assert demonstrations_cache_path(preset_config("cpu", min_searches=2), tokenizer) != default
+    twice = demonstrations_cache_path(preset_config("cpu", min_searches=2), tokenizer)
+    assert twice != default
+    read_off = demonstrations_cache_path(preset_config("cpu", min_searches=2, results_queries=True), tokenizer)
+    assert read_off not in (default, twice)
     with pytest.raises(ValueError, match="--min-searches must be >= 1"):
         preset_config("cpu", min_searches=0)
 
