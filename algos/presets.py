@@ -46,7 +46,9 @@ PRESETS: dict[str, dict[str, object]] = {
         "torch_threads": None,
         "save_every": 5,
         "eval_questions": 100,
-        "validation_questions": 50,
+        # the final model is the last step's, as in most trainers: choosing among the kept checkpoints on 50
+        # held-out training questions (--validation-questions 50) cost 5 of the tail's minutes and did not beat
+        # the last step on average (docs/results/main-job.md)
     },
     "tiny": {
         "preset": "tiny",

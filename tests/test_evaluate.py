@@ -177,3 +177,32 @@ def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, 
     more = {"settings": settings, "predictions": [{"index": 2, "f1": 0.5}, {"index": 20, "f1": 0.0}]}
     assert question_kinds(more) == {2: "comparison: one of the two named", 20: "comparison: other"}
     assert by_kind(more, question_kinds(more))["comparison: one of the two named"]["f1"] == 0.5
+
+
+def test_the_second_query_bound_counts_what_one_more_search_finds(bm25):
+    """Each question counted as found misses the answer with the question as the query and shows it with the gold
+    title the first results or the question name; wider passages never add first-miss questions."""
+    import gymnasium as gym
+
+    from agents.oracle import _base_title
+    from benchmarks.second_query_bound import bound, main, shows_answer
+
+    kwargs = {"split": "dev", "retriever": bm25, "top_k": 3, "max_passage_words": 40}
+    result = bound(kwargs, range(40))
+    assert result["questions"] >= result["first_miss"] >= result["named"] >= result["found"] >= 1
+    assert result["share_found"] == result["found"] / result["first_miss"]
+    env = gym.make("RedCoda-HotpotQA-v0", protocol="flat", **kwargs)
+    for index in result["found_indices"]:
+        example = env.unwrapped.examples[index]
+        env.reset(options={"index": index})
+        first, *_ = env.step(f"<search>{example.question}</search>")
+        assert not shows_answer(first, example.answers)
+        shown = [_base_title(title) for title in example.gold_titles]
+        assert any(title in first or title in example.question for title in shown)
+    env.close()
+    wider = bound({**kwargs, "top_k": 5, "max_passage_words": 80}, range(40))
+    assert wider["questions"] == result["questions"] and wider["first_miss"] <= result["first_miss"]
+    with pytest.raises(ValueError, match="outside the split"):
+        bound(kwargs, [10**6])
+    with pytest.raises(SystemExit):
+        main(["--limit", "0"])
