@@ -74,13 +74,13 @@ class _Plan:
     results: list[str] = field(default_factory=list)
 
 
-def _contains(text: str, phrase: str) -> bool:
+def mentions(text: str, phrase: str) -> bool:
     """Whether `phrase` occurs in `text` as whole words, after answer normalization."""
     phrase = normalize_answer(phrase)
     return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
 
 
-def _base_title(title: str) -> str:
+def base_title(title: str) -> str:
     """A Wikipedia title without its disambiguation: "Alan Campbell (actor)" -> "Alan Campbell"."""
     return re.sub(r"\s*\([^)]*\)$", "", title) or title
 
@@ -93,7 +93,7 @@ def _quote(text: str, answer: str, max_words: int) -> str | None:
     """
     target = normalize_answer(answer).split()
     for sentence in _SENTENCE_END.split(text):
-        if not _contains(sentence, answer):
+        if not mentions(sentence, answer):
             continue
         words = sentence.replace(" ...", "").split()
         if len(words) <= max_words:
@@ -218,7 +218,7 @@ class OracleAgent(ContextAgent):
             planner.copyable_queries &= plan.copyable_queries and plan.grounded  # a grounded episode: every task too
             self._plans.pop((id(slot), "searcher"), None)  # the next task starts a fresh executor plan
         elif acting != "planner" and "<search>" in completion.text:  # the results of the oracle's own search
-            for title, text in _shown_passages(slot.last_obs):
+            for title, text in shown_passages(slot.last_obs):
                 plan.shown.setdefault(title, text)
 
     # -- the policy -------------------------------------------------------------------------------------
@@ -231,14 +231,14 @@ class OracleAgent(ContextAgent):
 
     def _plan_next(self, plan: _Plan, example: QAExample) -> str:
         evidence = " ".join(plan.results)
-        if plan.results and _contains(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
-            plan.grounded = _contains(evidence, example.answer) or is_yes_no(example.answer)
+        if plan.results and mentions(evidence, example.answer) or len(plan.tasks) >= self.max_tasks:
+            plan.grounded = mentions(evidence, example.answer) or is_yes_no(example.answer)
             return self._written_answer(evidence, example.answer, example.question)
         if not plan.tasks:
             task = example.question
         else:
-            named = [t for t in example.gold_titles if _contains(evidence, t)] or list(example.gold_titles[-1:])
-            plan.copyable_queries &= bool(named) and _contains(evidence, named[0])
+            named = [t for t in example.gold_titles if mentions(evidence, t)] or list(example.gold_titles[-1:])
+            plan.copyable_queries &= bool(named) and mentions(evidence, named[0])
             task = f"What is known about {named[0]}?"
         plan.tasks.append(task)
         return f"<think>I will ask a worker.</think>\n<task>{task}</task>"
@@ -247,13 +247,13 @@ class OracleAgent(ContextAgent):
         answer = example.answer
         missing = [t for t in example.gold_titles if t not in plan.shown and t not in plan.queried]
         seen = question + " " + " ".join(plan.shown.values())
-        copyable = [_base_title(t) for t in missing if _contains(seen, _base_title(t))]
+        copyable = [base_title(t) for t in missing if mentions(seen, base_title(t))]
         quote = self._evidence(plan, example)
         follow = self.follow_bridge and copyable and plan.searches > 0 and not is_yes_no(answer)
         again = [] if plan.searches >= self.min_searches else copyable or self._named_golds(plan, example, seen)
         if self.results_queries:
             body = " ".join(plan.shown.values())
-            copyable = self._read_off(copyable, body, question) + [t for t in copyable if _contains(question, t)]
+            copyable = self._read_off(copyable, body, question) + [t for t in copyable if mentions(question, t)]
             if again and quote is not None:
                 again = self._read_off(copyable, body, question) or self._read_off(
                     self._named_golds(plan, example, seen), body, question
@@ -263,13 +263,13 @@ class OracleAgent(ContextAgent):
                 query = question
             elif again and quote is not None:  # answer shown: search on (a missing gold, else the one holding it)
                 query = again[0]
-                plan.queried.update(t for t in example.gold_titles if _base_title(t) == query)
+                plan.queried.update(t for t in example.gold_titles if base_title(t) == query)
             else:
                 if not missing:
                     return self._answer(plan, answer, None, question)
                 query = (copyable or missing)[0]
                 plan.copyable_queries &= bool(copyable)
-                plan.queried.update(t for t in missing if _base_title(t) == query or t == query)
+                plan.queried.update(t for t in missing if base_title(t) == query or t == query)
             plan.searches += 1
             return f"<think>I need to search.</think>\n<search>{query}</search>"
         return self._answer(plan, answer, quote, question)
@@ -277,15 +277,15 @@ class OracleAgent(ContextAgent):
     @staticmethod
     def _read_off(titles: list[str], body: str, question: str) -> list[str]:
         """The titles that the shown passages name and the question does not."""
-        return [t for t in titles if _contains(body, t) and not _contains(question, t)]
+        return [t for t in titles if mentions(body, t) and not mentions(question, t)]
 
     @staticmethod
     def _named_golds(plan: _Plan, example: QAExample, seen: str) -> list[str]:
         """Gold titles (without disambiguation) not yet queried that `seen` names, the one holding the answer first."""
-        holds = [any(_contains(plan.shown.get(t, ""), a) for a in example.answers) for t in example.gold_titles]
+        holds = [any(mentions(plan.shown.get(t, ""), a) for a in example.answers) for t in example.gold_titles]
         ordered = [t for t, h in zip(example.gold_titles, holds, strict=True) if h]
         ordered += [t for t, h in zip(example.gold_titles, holds, strict=True) if not h]
-        return [_base_title(t) for t in ordered if t not in plan.queried and _contains(seen, _base_title(t))]
+        return [base_title(t) for t in ordered if t not in plan.queried and mentions(seen, base_title(t))]
 
     def _answer(self, plan: _Plan, answer: str, quote: str | None, question: str) -> str:
         plan.grounded = quote is not None
@@ -314,7 +314,7 @@ class OracleAgent(ContextAgent):
         return None
 
 
-def _shown_passages(obs: str) -> list[tuple[str, str]]:
+def shown_passages(obs: str) -> list[tuple[str, str]]:
     """(title, text as shown) of each passage of a search's results, in either observation format.
 
     Only the block between the first ``<information>`` and the last ``</information>`` is read (a question line may

@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agents.oracle import _base_title, _contains, _shown_passages
+from agents.oracle import base_title, mentions, shown_passages
 from envs.rewards import is_yes_no, normalize_answer
 
 
@@ -58,9 +58,9 @@ def bound(env_kwargs: dict[str, Any], indices: Sequence[int]) -> dict[str, Any]:
         if shows_answer(first, example.answers):
             continue
         counts["first_miss"] += 1
-        shown = dict(_shown_passages(first))
+        shown = dict(shown_passages(first))
         readable = example.question + " " + " ".join(shown.values())
-        named = [_base_title(t) for t in example.gold_titles if t not in shown and _contains(readable, _base_title(t))]
+        named = [base_title(t) for t in example.gold_titles if t not in shown and mentions(readable, base_title(t))]
         if named:
             counts["named"] += 1
             if shows_answer(search(index, named[0]), example.answers):

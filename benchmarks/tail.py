@@ -1,12 +1,13 @@
 """The main job's tail, before and after a code change, side by side: seconds per part and identical predictions.
 
-The tail of ``python -m algos.red_grpo`` scores models greedily after training: each kept checkpoint on the
-validation questions (`algos.evaluation.select_checkpoint`), then the starting model and the chosen checkpoint on
-the held-out dev questions (`algos.evaluation.before_after`). This script replays those parts for a finished run,
-each in its own process, once with the code of a git revision (the baseline, exported read-only into a temporary
-folder) and once with the working tree, alternating which goes first, and prints per part the seconds of each, their
-ratio and whether the per-question predictions are identical (every field but timing). The CPU may be shared: the
-load average is printed, and only ratios from one run are comparable.
+The tail of ``python -m algos.red_grpo`` scores models greedily after training: with ``--validation-questions``
+each kept checkpoint on the validation questions (`algos.evaluation.select_checkpoint`), then the starting model
+and the final model (the chosen checkpoint, else the last step's) on the held-out dev questions
+(`algos.evaluation.before_after`). This script replays those parts for a finished run, each in its own process,
+once with the code of a git revision (the baseline, exported read-only into a temporary folder) and once with the
+working tree, alternating which goes first, and prints per part the seconds of each, their ratio and whether the
+per-question predictions are identical (every field but timing). The CPU may be shared: the load average is
+printed, and only ratios from one run are comparable.
 
     python -m benchmarks.tail --run runs/main-seed0                       # the whole tail, baseline HEAD
     python -m benchmarks.tail --run runs/main-seed0 --validation 5 --dev 5   # a quick check on fewer questions
@@ -78,7 +79,10 @@ def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
 
 
 def tail_parts(run: Path, validation: int | None, dev: int | None) -> tuple[list[dict[str, Any]], list[int]]:
-    """The validation parts, newest checkpoint first, and the validation question indices."""
+    """The validation parts, newest checkpoint first, and the validation question indices (none for a run that
+    ended on its last step, without the validation choice)."""
+    if not (run / "validation.json").is_file():
+        return [], []
     recorded = json.loads((run / "validation.json").read_text())
     questions = recorded["settings"]["questions"][:validation]
     parts = [
@@ -116,7 +120,9 @@ def main() -> None:
         trees = {"baseline": export_tree(args.baseline, Path(tmp)), "current": ROOT}
         queue = parts + [{"name": "starting model, dev", "model": None} | dev, None]
         for k, part in enumerate(queue):
-            if part is None:  # the trained model: the checkpoint the validation chose (newest on a tie)
+            if part is None and not parts:  # the trained model: the run's final model (its last step)
+                part = {"name": "trained (final), dev", "model": str(run / "final"), "validation": None} | dev
+            elif part is None:  # the trained model: the checkpoint the validation chose (newest on a tie)
                 scores = [results[p["name"]]["current"]["metrics"]["f1"]["mean"] for p in parts]
                 chosen = parts[max(range(len(parts)), key=lambda i: (scores[i], -i))]
                 part = {"name": f"trained (step {chosen['step']}), dev", **chosen, "validation": None} | dev

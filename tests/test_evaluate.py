@@ -184,7 +184,7 @@ def test_the_second_query_bound_counts_what_one_more_search_finds(bm25):
     title the first results or the question name; wider passages never add first-miss questions."""
     import gymnasium as gym
 
-    from agents.oracle import _base_title
+    from agents.oracle import base_title
     from benchmarks.second_query_bound import bound, main, shows_answer
 
     kwargs = {"split": "dev", "retriever": bm25, "top_k": 3, "max_passage_words": 40}
@@ -197,7 +197,7 @@ def test_the_second_query_bound_counts_what_one_more_search_finds(bm25):
         env.reset(options={"index": index})
         first, *_ = env.step(f"<search>{example.question}</search>")
         assert not shows_answer(first, example.answers)
-        shown = [_base_title(title) for title in example.gold_titles]
+        shown = [base_title(title) for title in example.gold_titles]
         assert any(title in first or title in example.question for title in shown)
     env.close()
     wider = bound({**kwargs, "top_k": 5, "max_passage_words": 80}, range(40))

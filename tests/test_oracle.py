@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers the ids)
-from agents.oracle import OracleAgent, _base_title, _quote, demonstration_record, main
+from agents.oracle import OracleAgent, _quote, base_title, demonstration_record, main
 from agents.samplers import encode_chat
 from envs.protocol import EXECUTOR_INSTRUCTIONS, PLANNER_INSTRUCTIONS
 from envs.rewards import RewardWeights, is_yes_no
@@ -236,7 +236,7 @@ def test_following_the_bridge_searches_a_named_missing_title_even_when_the_answe
             followed += 1
             assert queries[1][: len(queries[0])] == queries[0] and len(queries[1]) == len(queries[0]) + 1
             extra = queries[1][-1]
-            assert any(extra in (title, _base_title(title)) for title in example.gold_titles)
+            assert any(extra in (title, base_title(title)) for title in example.gold_titles)
             assert after.info["oracle_grounded"] == before.info["oracle_grounded"]
     assert followed >= 2, "the first 16 dev questions hold bridge questions whose answer the first results show"
 
@@ -260,7 +260,7 @@ def test_a_minimum_of_two_searches_makes_the_second_search_the_rule(episodes, bm
         if queries[1] != queries[0]:
             added += 1
             assert len(queries[1]) == 2
-            assert any(queries[1][1] in (title, _base_title(title)) for title in example.gold_titles)
+            assert any(queries[1][1] in (title, base_title(title)) for title in example.gold_titles)
     assert added >= 4, "most of the first 16 dev questions answer from their first results by default"
     with pytest.raises(ValueError, match="min_searches"):
         OracleAgent(tokenizer, min_searches=0)
@@ -289,7 +289,7 @@ def test_results_queries_read_the_second_query_off_the_results(episodes, bm25, t
         if len(results) >= 2:
             read_off += 1
             assert results[1].lower() not in example.question.lower()
-            assert any(results[1] in (title, _base_title(title)) for title in example.gold_titles)
+            assert any(results[1] in (title, base_title(title)) for title in example.gold_titles)
     assert copied["results"] == 0 and copied["plain"] >= 1 and read_off >= 1
 
 

@@ -3,6 +3,8 @@ the same numbers, and a greedy CoDA evaluation over them predicts the same, fiel
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -44,3 +46,19 @@ def test_greedy_coda_predictions_do_not_depend_on_how_kept_rows_are_copied(tiny,
     before = evaluate("coda", tiny, "dev", **kwargs)
     assert now["predictions"] == before["predictions"] and now["metrics"] == before["metrics"]
     assert sum(p["sampled_tokens"] for p in now["predictions"]) > 0
+
+
+def test_a_run_without_the_validation_choice_has_no_validation_parts(tmp_path):
+    """A run that ended on its last step has no validation.json: the tail replays the starting and final models
+    only; a run with one replays each recorded candidate on the recorded questions, newest first."""
+    from benchmarks.tail import tail_parts
+
+    assert tail_parts(tmp_path, None, None) == ([], [])
+    recorded = {
+        "settings": {"questions": [7, 8, 9]},
+        "candidates": [{"step": 4, "path": "x/checkpoints/step_000004"}, {"step": 2, "path": "step_000002"}],
+    }
+    (tmp_path / "validation.json").write_text(json.dumps(recorded))
+    parts, questions = tail_parts(tmp_path, 2, None)
+    assert questions == [7, 8] and [p["step"] for p in parts] == [4, 2]
+    assert parts[0]["checkpoint"] == str(tmp_path / "checkpoints" / "step_000004")
