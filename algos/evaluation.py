@@ -162,13 +162,14 @@ def _write_json(path: Path, value: Any) -> None:
 def before_after(trainer: Trainer) -> dict[str, Any]:
     """Score the trainer's current model and the model it started from on the held-out questions.
 
-    Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the table) into the
-    run directory. Under data parallelism every rank scores its share of the questions and rank 0 alone
-    writes (the other ranks return an empty dict).
+    Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the before/after table,
+    then the trained model's first-search split, `algos.first_search`) into the run directory. Under data
+    parallelism every rank scores its share of the questions and rank 0 alone writes (the other ranks return an
+    empty dict).
 
     Returns:
-        ``{"before", "after", "table", "settings"}``; before and after are `agents.evaluation.evaluate`
-        results (``metrics[name]`` is ``{"mean", "low", "high", "n"}``).
+        ``{"before", "after", "table", "settings", "first_search"}``; before and after are
+        `agents.evaluation.evaluate` results (``metrics[name]`` is ``{"mean", "low", "high", "n"}``).
     """
     from algos import distributed
 
@@ -190,8 +191,15 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
         after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
     if not main:  # data-parallel ranks besides 0 scored their share and write nothing
         return {}
-    table = format_before_after(before, after, config)
+    from algos.first_search import split_tables
+
+    reading, numbers = split_tables({"after (trained)": after})  # retrieval only: the first queries replayed
+    table = (
+        f"{format_before_after(before, after, config)}\n\nReading or searching (`algos.first_search`): does the "
+        f"question itself, as the first query, show a gold answer?\n\n{reading}"
+    )
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
+    result["first_search"] = numbers["after (trained)"]
     _write_json(trainer.run_dir / "eval.json", result)
     (trainer.run_dir / "eval.md").write_text(table + "\n", encoding="utf-8")
     return result

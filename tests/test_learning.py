@@ -88,6 +88,10 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
     run = tmp_path / "run"
     assert "before (start)" in (run / "eval.md").read_text() and "after (trained)" in evaluation["table"]
     assert json.loads((run / "eval.json").read_text())["after"]["n"] == 3
+    # the first-search split of the trained model's 3 questions, under the table (dev 0-2: none is yes/no)
+    split = json.loads((run / "eval.json").read_text())["first_search"]
+    assert split["shown"]["n"] + split["not shown"]["n"] == 3 and split["yes/no"]["n"] == 0
+    assert "Reading or searching" in (run / "eval.md").read_text()
     assert (run / "curves.png").stat().st_size > 1000
     cached = list((tmp_path / "cache" / "eval").glob("start-*.json"))
     assert len(cached) == 1  # the starting model's scores, reused by the next run with these settings
