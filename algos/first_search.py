@@ -47,6 +47,12 @@ def results_in(path: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: data}
 
 
+def shows_answer(observation: str, answers: Sequence[str]) -> bool:
+    """Whether a gold answer stands in `observation` as whole words after answer normalization."""
+    text = f" {normalize_answer(observation)} "
+    return any(f" {normalize_answer(answer)} " in text for answer in answers)
+
+
 def searches_show(result: dict[str, Any]) -> tuple[dict[int, bool], dict[int, bool]]:
     """Per question of `result` (by dataset index): does the question-as-query search show a gold answer, and does
     one of the agent's own later queries (its second search on) show one?"""
@@ -60,8 +66,7 @@ def searches_show(result: dict[str, Any]) -> tuple[dict[int, bool], dict[int, bo
     def shows(index: int, query: str) -> bool:
         env.reset(options={"index": index})  # each query on its own: the turn limit never cuts a replay short
         observation, *_ = env.step(f"<search>{query}</search>")
-        text = f" {normalize_answer(observation)} "
-        return any(f" {normalize_answer(answer)} " in text for answer in env.unwrapped.examples[index].answers)
+        return shows_answer(observation, env.unwrapped.examples[index].answers)
 
     first, later = {}, {}
     for prediction in result["predictions"]:

@@ -19,13 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.oracle import base_title, mentions, shown_passages
-from envs.rewards import is_yes_no, normalize_answer
-
-
-def shows_answer(observation: str, answers: Sequence[str]) -> bool:
-    """Whether a gold answer stands in `observation` as whole words after answer normalization."""
-    text = f" {normalize_answer(observation)} "
-    return any(f" {normalize_answer(answer)} " in text for answer in answers)
+from algos.first_search import shows_answer
+from envs.rewards import is_yes_no
 
 
 def bound(env_kwargs: dict[str, Any], indices: Sequence[int]) -> dict[str, Any]:
