@@ -269,8 +269,9 @@ class Config:
     """Split of the held-out questions (never the training split)."""
     eval_data_path: str | None = None
     """A data file of held-out questions (with --data-path); None: eval_split of the bundled data."""
-    eval_batch_size: int = 50
-    """Episodes per batched evaluation rollout."""
+    eval_batch_size: int = 100
+    """Episodes per batched evaluation rollout: all of the default held-out questions at once, so that each of the
+    sampler's calls can group its rows by the tokens they prefill (`agents.samplers.HFSampler`'s ``pad_limit``)."""
     validation_questions: int = 0
     """The training split's last N questions, held out of training (no rollout or demonstration uses them): at the
     run's end every kept checkpoint is scored on them (greedy, the training env) and the best by answer F1 becomes

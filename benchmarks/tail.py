@@ -11,6 +11,7 @@ printed, and only ratios from one run are comparable.
 
     python -m benchmarks.tail --run runs/main-seed0                       # the whole tail, baseline HEAD
     python -m benchmarks.tail --run runs/main-seed0 --validation 5 --dev 5   # a quick check on fewer questions
+    python -m benchmarks.tail --run runs/main-last-seed1 --batch 50 100       # and a new evaluation batch
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
     fields = {f.name for f in dataclasses.fields(Config)}
     config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields})
     config = dataclasses.replace(config, progress=False, eval_questions=part.get("dev", config.eval_questions))
+    if part.get("batch"):
+        config = dataclasses.replace(config, eval_batch_size=part["batch"])
     model, tokenizer = load_model(part.get("model"))
     if part.get("checkpoint"):
         from safetensors.torch import load_file
@@ -105,6 +108,13 @@ def main() -> None:
     parser.add_argument("--validation", type=int, default=None, help="first N validation questions (all)")
     parser.add_argument("--dev", type=int, default=None, help="first N dev questions (the run's eval_questions)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per part")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs=2,
+        metavar=("BASELINE", "CURRENT"),
+        help="episodes per evaluation batch for the baseline and the current code (the run's own for both)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -119,6 +129,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": export_tree(args.baseline, Path(tmp)), "current": ROOT}
         queue = parts + [{"name": "starting model, dev", "model": None} | dev, None]
+        batch = dict(zip(("baseline", "current"), args.batch or (None, None), strict=True))
         for k, part in enumerate(queue):
             if part is None and not parts:  # the trained model: the run's final model (its last step)
                 part = {"name": "trained (final), dev", "model": str(run / "final"), "validation": None} | dev
@@ -128,7 +139,10 @@ def main() -> None:
                 part = {"name": f"trained (step {chosen['step']}), dev", **chosen, "validation": None} | dev
             order = ("baseline", "current") if k % 2 == 0 else ("current", "baseline")
             results[part["name"]] = {
-                side: run_part(trees[side], part, run, args.threads, Path(tmp) / f"{side}-{k}.json") for side in order
+                side: run_part(
+                    trees[side], part | {"batch": batch[side]}, run, args.threads, Path(tmp) / f"{side}-{k}.json"
+                )
+                for side in order
             }
             old, new = results[part["name"]]["baseline"], results[part["name"]]["current"]
             same = old["predictions"] == new["predictions"] and old["metrics"] == new["metrics"]

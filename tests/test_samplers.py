@@ -105,6 +105,36 @@ def test_few_row_linears_are_used_while_sampling_and_undone_afterwards(tiny, pro
         HFSampler(model, tokenizer, narrow_rows=-1)
 
 
+def test_a_call_of_short_and_long_prompts_runs_as_two_batches_on_a_cpu(tiny, monkeypatch):
+    """Six short prompts and two of 300 tokens: one batch would pad the six to 300 (2,400 prefill tokens for
+    660), so the CPU default runs the short ones and the long ones apart; greedy samples the same."""
+    model, tokenizer = tiny
+    short = [[100 + i] * (10 + i % 3) for i in range(6)]
+    long = [[200 + i] * (300 - i) for i in range(2)]
+    prompts = [long[0], *short[:3], long[1], *short[3:]]  # the call's order is kept in what it returns
+    seen: list[list[int]] = []
+    decode = HFSampler._decode
+    monkeypatch.setattr(
+        HFSampler, "_decode", lambda self, rows, p: seen.append([i for i, *_ in rows]) or decode(self, rows, p)
+    )
+    split = HFSampler(model, tokenizer, cache_tokens=0)
+    assert split.pad_limit == 2.0  # the default on a CPU
+    got = split.generate(prompts, GREEDY)
+    assert [sorted(batch) for batch in seen] == [[1, 2, 3, 5, 6, 7], [0, 4]]
+    seen.clear()
+    expected = HFSampler(model, tokenizer, cache_tokens=0, pad_limit=0).generate(prompts, GREEDY)
+    assert [sorted(batch) for batch in seen] == [list(range(8))]  # no limit: one batch, as many as fit
+    for completion, reference in zip(got, expected, strict=True):
+        assert completion.token_ids == reference.token_ids
+        assert completion.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    seen.clear()
+    HFSampler(model, tokenizer, cache_tokens=0, max_batch_size=4).generate(short + long, GREEDY)
+    assert [len(batch) for batch in seen] == [4, 4]  # max_batch_size bounds each batch (else 6 and 2)
+    for bad in (-1, 0.5, math.inf, math.nan):
+        with pytest.raises(ValueError, match="pad_limit must be 0"):
+            HFSampler(model, tokenizer, pad_limit=bad)
+
+
 def test_sampled_tokens_follow_the_tempered_nucleus_distribution(sampler):
     """Frequencies over 40,000 rows match the probabilities; top-p never leaves the nucleus; NaN is an error."""
     logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(0)) * 2

@@ -27,6 +27,7 @@ Threads: on a CPU shared with other processes, one OpenMP thread per core can be
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -49,6 +50,11 @@ _Row = tuple[int, list[int], int]  # (index in the call, prompt ids after trunca
 
 MIN_SHARED_TOKENS = 32
 """Shortest prefix that several prompts of one call must share for the sampler to prefill it once for all."""
+
+PAD_SLACK = 1024
+"""Padded prefill tokens a CPU batch may carry beyond `HFSampler.pad_limit` times its real ones before the call's
+rows are split there: a batch of its own costs its decode steps, each about as dear as a dozen tokens' forward
+pass at a few rows."""
 
 DEFAULT_CACHE_TOKENS = 1 << 16
 """Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
@@ -157,6 +163,12 @@ class HFSampler(TokenizerContext):
             values (sliding-window or linear-attention layers) never reuses.
         narrow_rows: on a CPU, linear layers fed at most this many rows compute W @ x^T (see the module
             docstring); None picks 4 with two or more torch threads and 3 with one, 0 turns it off.
+        pad_limit: on a CPU a call's rows are batched by the prompt tokens each must prefill (after reuse), and a
+            batch ends where one more row would pad its prefill to over `pad_limit` times the real tokens (and by
+            over `PAD_SLACK` tokens): an agent's call that mixes short replies with long search results then
+            runs as two batches instead of padding every short row to the longest (docs/results/main-job.md).
+            None picks 2 on a CPU and no limit elsewhere (where a padded prefill costs little and every extra
+            batch costs its decode steps); 0 means no limit.
         decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
             cache that grows and sheds rows (any model). "graphs": one CUDA graph replay per step over static
             key/value buffers (`agents.samplers.static_decode`; Llama, Qwen2 or Mistral models on a CUDA device), for
@@ -179,6 +191,7 @@ class HFSampler(TokenizerContext):
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         narrow_rows: int | None = None,
         decode: Literal["auto", "dynamic", "static", "graphs"] = "dynamic",
+        pad_limit: float | None = None,
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -204,6 +217,10 @@ class HFSampler(TokenizerContext):
             raise ValueError(f"narrow_rows must be >= 0, got {narrow_rows}")
         self.narrow_rows = narrow_rows
         """Most rows a CPU linear layer computes as W @ x^T; None: 4 with >= 2 torch threads, else 3."""
+        if pad_limit is not None and not (math.isfinite(pad_limit) and (pad_limit == 0 or pad_limit >= 1)):
+            raise ValueError(f"pad_limit must be 0 (no limit) or a finite number >= 1, got {pad_limit}")
+        self.pad_limit = (2.0 if self.device.type == "cpu" else 0.0) if pad_limit is None else float(pad_limit)
+        """Most padded prefill tokens a batch of a call holds per real one, beyond `PAD_SLACK` (0: no limit)."""
         if decode not in ("auto", "dynamic", "static", "graphs"):
             raise ValueError(f"decode must be 'auto', 'dynamic', 'static' or 'graphs', got {decode!r}")
         if decode == "auto":
@@ -289,8 +306,7 @@ class HFSampler(TokenizerContext):
                 self._static.narrow_rows = narrow
             with narrow_linears(self.model, narrow):
                 self._share_prefixes([ids for _, ids, _ in rows])
-                for start in range(0, len(rows), self.max_batch_size):
-                    chunk = rows[start : start + self.max_batch_size]
+                for chunk in self._batches(rows):
                     try:
                         completions = self._decode(chunk, params)
                     except Exception as err:  # one bad row must not fail the others: retry each row alone
@@ -334,6 +350,30 @@ class HFSampler(TokenizerContext):
         finally:  # the counters speak of the call's rows: a prefix's own reuse is not theirs
             self.shared_prefilled_tokens += self.prefilled_tokens - prefilled
             self.reused_tokens = reused
+
+    def _batches(self, rows: list[_Row]) -> list[list[_Row]]:
+        """A call's rows (sorted by length) in the batches that run together, `max_batch_size` at most each.
+
+        With a `pad_limit`, the rows go by the tokens each must prefill (its prompt less what it reuses; equal
+        ones keep their order) and a batch ends before a row that would pad its prefill to more than `pad_limit`
+        times the real tokens and by more than `PAD_SLACK`: the row is the widest so far, so every row before it
+        would be padded to its length.
+        """
+        size = self.max_batch_size
+        if not self.pad_limit or len(rows) < 2:
+            return [rows[start : start + size] for start in range(0, len(rows), size)]
+        fresh = [len(ids) - self._match(ids)[1] for _, ids, _ in rows]
+        batches: list[list[_Row]] = []
+        batch: list[_Row] = []
+        real = 0
+        for k in sorted(range(len(rows)), key=fresh.__getitem__):
+            padded, total = (len(batch) + 1) * fresh[k], real + fresh[k]
+            if batch and (len(batch) == size or (padded > self.pad_limit * total and padded - total > PAD_SLACK)):
+                batches.append(batch)
+                batch, real = [], 0
+            batch.append(rows[k])
+            real += fresh[k]
+        return [*batches, batch]
 
     def _narrow_limit(self) -> int:
         """Most rows a linear layer computes as W @ x^T in this call (0: none; GPUs never)."""
