@@ -3,8 +3,9 @@
 The decoding loop is our own rather than `model.generate`: the agents need per-row stop strings with a row
 leaving the batch (and its KV-cache rows) as soon as it stops, the log-prob of every sampled token under the
 distribution it was sampled from, and a batch that survives a bad row. Each call left-pads the prompts (sorted
-by length, in chunks of `max_batch_size`), runs one prefill, then one forward pass per new token over the live
-rows. Greedy output matches `model.generate(do_sample=False)` token for token.
+by length, in batches of at most `max_batch_size`; on a CPU grouped by the tokens each must prefill, `pad_limit`),
+runs one prefill per batch, then one forward pass per new token over its live rows. Greedy output matches
+`model.generate(do_sample=False)` token for token.
 
 Reuse across calls: a context only grows between turns, so when a row finishes its keys and values are kept
 (`agents.samplers.kv_cache.PrefixStore`) with the token ids they belong to, and a later prompt copies those of
@@ -166,7 +167,10 @@ class HFSampler(TokenizerContext):
         pad_limit: on a CPU a call's rows are batched by the prompt tokens each must prefill (after reuse), and a
             batch ends where one more row would pad its prefill to over `pad_limit` times the real tokens (and by
             over `PAD_SLACK` tokens): an agent's call that mixes short replies with long search results then
-            runs as two batches instead of padding every short row to the longest (docs/results/main-job.md).
+            runs as two batches instead of padding every short row to the longest (docs/results/throughput.md).
+            A call of more rows than one batch holds, or one that splits, samples (above temperature 0) with
+            its random draws in another order than a sampler without reuse would: reuse decides what is left to
+            prefill.
             None picks 2 on a CPU and no limit elsewhere (where a padded prefill costs little and every extra
             batch costs its decode steps); 0 means no limit.
         decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
@@ -354,26 +358,28 @@ class HFSampler(TokenizerContext):
     def _batches(self, rows: list[_Row]) -> list[list[_Row]]:
         """A call's rows (sorted by length) in the batches that run together, `max_batch_size` at most each.
 
-        With a `pad_limit`, the rows go by the tokens each must prefill (its prompt less what it reuses; equal
-        ones keep their order) and a batch ends before a row that would pad its prefill to more than `pad_limit`
-        times the real tokens and by more than `PAD_SLACK`: the row is the widest so far, so every row before it
-        would be padded to its length.
+        With a `pad_limit`, the rows are taken by the tokens each must prefill (its prompt less what it reuses)
+        and a batch ends before a row that would pad its prefill to more than `pad_limit` times the real tokens
+        and by more than `PAD_SLACK` (the row is the widest so far: every row before it would be padded to its
+        length). Each batch keeps its rows in the call's order, so a call that fits one batch and needs no split runs
+        exactly as without a limit, random draws at a temperature above 0 included.
         """
         size = self.max_batch_size
         if not self.pad_limit or len(rows) < 2:
             return [rows[start : start + size] for start in range(0, len(rows), size)]
         fresh = [len(ids) - self._match(ids)[1] for _, ids, _ in rows]
-        batches: list[list[_Row]] = []
-        batch: list[_Row] = []
+        batches: list[list[int]] = [[]]
         real = 0
         for k in sorted(range(len(rows)), key=fresh.__getitem__):
-            padded, total = (len(batch) + 1) * fresh[k], real + fresh[k]
-            if batch and (len(batch) == size or (padded > self.pad_limit * total and padded - total > PAD_SLACK)):
-                batches.append(batch)
-                batch, real = [], 0
-            batch.append(rows[k])
+            padded, total = (len(batches[-1]) + 1) * fresh[k], real + fresh[k]
+            if batches[-1] and (
+                len(batches[-1]) == size or (padded > self.pad_limit * total and padded - total > PAD_SLACK)
+            ):
+                batches.append([])
+                real = 0
+            batches[-1].append(k)
             real += fresh[k]
-        return [*batches, batch]
+        return [[rows[k] for k in sorted(batch)] for batch in batches]
 
     def _narrow_limit(self) -> int:
         """Most rows a linear layer computes as W @ x^T in this call (0: none; GPUs never)."""
