@@ -141,6 +141,21 @@ def device_memory(device: str) -> float:
     return _available_host_memory() / max(1, local_ranks)
 
 
+def usable_memory(device: str) -> float:
+    """Bytes this rank can still use: on a GPU, its free memory plus what PyTorch already holds in this process
+    (the loaded model among it); on a CPU, `device_memory`.
+
+    Memory held by other processes, or by another library in this one, is not usable: JAX, for one, takes 75% of a
+    GPU when its backend starts (a run once failed so with 25 of 132 GiB in PyTorch's hands).
+    """
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return float(free + torch.cuda.memory_reserved(torch.device(device)))
+    return device_memory(device)
+
+
 def _available_host_memory() -> float:
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
@@ -164,7 +179,7 @@ def check(found: Estimate, capacity: float) -> None:
     hints += ["a smaller --micro-batch-tokens", "a smaller --sampler-batch-size or --max-context-tokens"]
     raise DoesNotFit(
         f"the memory estimate, {found.describe()}, exceeds {MARGIN:.0%} of the {capacity / GIB:.1f} GiB this "
-        f"{found.device} has: try {', '.join(hints)} (or --no-memory-check to start anyway)"
+        f"{found.device} can give the run: try {', '.join(hints)} (or --no-memory-check to start anyway)"
     )
 
 

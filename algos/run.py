@@ -217,9 +217,15 @@ class TrainingRun(RunCheckpoints, RunFinish):
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
         found = memory.estimate(self.config, shape, ranks=self.world.size, trainable=trainable)
-        capacity = memory.device_memory(str(self.device))
+        capacity = memory.usable_memory(str(self.device))
         if self.world.is_main:
-            logger.info("memory estimate: %s; the device has %.1f GiB", found.describe(), capacity / memory.GIB)
+            total = memory.device_memory(str(self.device))
+            logger.info(
+                "memory estimate: %s; the run can use %.1f of the device's %.1f GiB",
+                found.describe(),
+                capacity / memory.GIB,
+                total / memory.GIB,
+            )
         memory.check(found, capacity)
 
     def push_weights(self, *, force: bool = False) -> None:

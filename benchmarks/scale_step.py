@@ -9,7 +9,8 @@ The env uses the distractor corpus (no JVM, no index: retrieval is not what is m
 
 For each shape it prints the second step's split (generation, env and retrieval, old log-probs, forward/backward,
 optimizer), the update's share of the step, peak GPU memory, sampled and trained tokens, and trajectories per GPU
-per second (the step's episodes over its wall time: every rank's episodes over the ranks).
+per second (the step's episodes over its wall time: every rank's episodes over the ranks). Each trainer's whole
+output is kept as `trainer.log` in its run directory (under ``--work``).
 
     python -m benchmarks.scale_step                                     # the three shapes, the gpu preset
     python -m benchmarks.scale_step --shapes qwen2.5-3b -- --gradient-checkpointing --sampler vllm
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -108,7 +110,9 @@ def build(shape: str, out: Path, max_context: int = 4096) -> Path:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if torch.cuda.is_available() else None)
+    cuda = torch.cuda.is_available()
+    with torch.device("cuda" if cuda else "cpu"):  # a 3B random init takes minutes on a CPU, a second on a GPU
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else None)
     fix_pad_token(model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -117,15 +121,25 @@ def build(shape: str, out: Path, max_context: int = 4096) -> Path:
 
 def run(shape: str, work: Path, preset: str, extra: Sequence[str]) -> dict[str, Any]:
     """Two steps of `python -m algos.red_grpo` on `shape`; the second step's metrics row."""
-    model = build(shape, work / f"{shape}-model")
+    model = work / f"{shape}-model"
+    # built in a process of its own, which gives its GPU memory back when it ends (this one would hold it all along)
+    builder = multiprocessing.get_context("spawn").Process(target=build, args=(shape, model))
+    builder.start()
+    builder.join()
+    if builder.exitcode != 0:
+        raise RuntimeError(f"{shape}: building the model failed (exit code {builder.exitcode})")
     run_dir = work / f"{shape}-run"
     command = [sys.executable, "-m", "algos.red_grpo", "--preset", preset, "--model", str(model)]
     command += ["--corpus", "distractor", "--steps", "2", "--save-every", "0", "--eval-questions", "0"]
     command += ["--validation-questions", "0", "--no-wandb", "--run-dir", str(run_dir), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "trainer.log"  # the trainer's whole output (its memory estimate at start, any traceback)
+    with log.open("w") as out:
+        env = {**os.environ, "WANDB_MODE": "disabled"}
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"{shape}: the trainer exited {done.returncode}:\n{tail}")
+        tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
+        raise RuntimeError(f"{shape}: the trainer exited {done.returncode} (whole output: {log}):\n{tail}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return rows[-1]
 

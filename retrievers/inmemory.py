@@ -12,15 +12,42 @@ EnglishAnalyzer stems with Porter's; without PyStemmer words are not stemmed).
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
-import bm25s
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
 
 from retrievers.base import Passage
 from retrievers.corpus import Corpus
+
+
+def _import_bm25s() -> ModuleType:
+    """`bm25s`, imported without starting JAX.
+
+    Where JAX is installed, bm25s's top-k module imports it and runs one `jax.lax.top_k` at import time. That starts
+    JAX's default backend, and on a GPU JAX then takes 75% of the GPU's memory for itself: a trainer that searched
+    with this retriever ran out of memory with 25 GiB in PyTorch's hands and over 100 in JAX's. This class ranks with
+    numpy and never calls that top-k, so JAX stays hidden while bm25s is imported (and importable afterwards).
+    """
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    hidden = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
+    sys.modules.update(dict.fromkeys(hidden))  # None in sys.modules: `import jax.lax` raises ImportError
+    try:
+        return importlib.import_module("bm25s")
+    finally:
+        for name, module in hidden.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+bm25s = _import_bm25s()
+STOPWORDS_EN = importlib.import_module("bm25s.stopwords").STOPWORDS_EN
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(STOPWORDS_EN)

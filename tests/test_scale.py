@@ -126,6 +126,16 @@ def test_check_refuses_in_one_line_what_does_not_fit():
     assert f"{found.total / memory.GIB:.2f} GiB per GPU" in str(err.value)
 
 
+def test_a_gpu_offers_the_run_what_is_free_and_what_pytorch_already_holds(monkeypatch):
+    """The check measures against what this process can still use, not the card's size: memory that another process
+    or library (JAX preallocates 75%) holds is not the run's. CUDA's answers are stood in for (no GPU here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (30 * memory.GIB, 140 * memory.GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * memory.GIB)
+    assert memory.usable_memory("cuda:0") == 36 * memory.GIB
+    assert memory.usable_memory("cpu") == memory.device_memory("cpu")
+
+
 def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
     from algos.launch import main
 
