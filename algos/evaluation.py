@@ -282,7 +282,12 @@ def plot_curves(
             n = evaluation["after"]["n"]
             for model, label, step, color in (("before", "start", 0, "C3"), ("after", "final", final_step, "C1")):
                 interval = evaluation[model]["metrics"][held_out]
-                error = [[interval["mean"] - interval["low"]], [interval["high"] - interval["mean"]]]
+                # clamped at 0: a mean on an interval's end can differ from it in the last bit, and matplotlib
+                # refuses an error bar of -3e-17
+                error = [
+                    [max(0.0, interval["mean"] - interval["low"])],
+                    [max(0.0, interval["high"] - interval["mean"])],
+                ]
                 ax.errorbar(
                     [step],
                     [interval["mean"]],

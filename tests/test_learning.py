@@ -188,6 +188,15 @@ def test_a_moving_average_trails_and_skips_missing_values():
     assert moving_average([2.0, 4.0, 6.0], 10) == [2.0, 3.0, 4.0]
 
 
+def test_an_interval_whose_end_misses_its_mean_in_the_last_bit_still_plots(tmp_path):
+    """Wilson's interval of a rate of 0 can start a bit above it (3e-17): the error bar is 0, not refused."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "answer_f1/mean": 0.2, "env/answered": 1.0}) + "\n")
+    off = {"mean": 0.0, "low": 2.7755575615628914e-17, "high": 0.43, "n": 5}
+    evaluation = {name: {"n": 5, "metrics": {"f1": off, "answered": off}} for name in ("before", "after")}
+    assert plot_curves(metrics, tmp_path / "curves.png", evaluation=evaluation).stat().st_size > 1000
+
+
 def test_the_curves_show_the_held_out_scores_beside_the_rollouts(tmp_path, monkeypatch):
     import matplotlib.figure
 
