@@ -47,7 +47,7 @@ def _import_bm25s() -> ModuleType:
 
 
 bm25s = _import_bm25s()
-STOPWORDS_EN = importlib.import_module("bm25s.stopwords").STOPWORDS_EN
+STOPWORDS_EN = bm25s.stopwords.STOPWORDS_EN
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(STOPWORDS_EN)
