@@ -307,3 +307,120 @@ def test_smollm2_later_turns_equal_a_full_re_encode():
         for row, completion in enumerate(expected):
             contexts[row] += list(completion.token_ids) + observation(tokenizer, turn, row)
     assert cached.reused_tokens > cached.prefilled_tokens
+
+
+def grown_contexts(tokenizer, prompts, turn: int) -> list[list[int]]:
+    """Rows of very different prefill lengths: each prompt, then a short or a long observation."""
+    return [
+        [*prompt, *observation(tokenizer, turn, row), *tokenizer(" Berlin" * (40 * (row % 2)))["input_ids"]]
+        for row, prompt in enumerate(prompts)
+    ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_new_tokens=8, temperature=0.0), SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)],
+    ids=["greedy", "t1"],
+)
+def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tiny, prompts, params, monkeypatch):
+    """Short and long rows, some over kept pasts and some not: prefilled in groups, each padded to its own widest
+    row, they sample what one padded prefill samples (the same tokens, log-probs within rounding)."""
+    from agents.samplers import hf
+
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf, "PREFILL_SPLIT_TOKENS", 0)  # any padded token saved is worth a group
+    grouped, padded = HFSampler(model, tokenizer), HFSampler(model, tokenizer)
+    monkeypatch.setattr(padded, "_prefill_groups", lambda lengths: [list(range(len(lengths)))])
+    splits = []
+    apart = grouped._prefill_apart
+    monkeypatch.setattr(grouped, "_prefill_apart", lambda groups, *a: splits.append(len(groups)) or apart(groups, *a))
+    contexts = [list(p) for p in prompts * 2]
+    for turn in range(3):
+        got, expected = grouped.generate(contexts, params), padded.generate(contexts, params)
+        assert_same(got, expected)
+        kept = [[*c, *e.token_ids] for c, e in zip(contexts, expected, strict=True)]
+        contexts = grown_contexts(tokenizer, kept[:4], turn) + [list(p) for p in prompts]  # two rows start afresh
+    assert grouped.reused_tokens == padded.reused_tokens > 0
+    assert splits and max(splits) >= 2
+
+
+def test_prefill_groups_minimise_the_padded_tokens_plus_a_price_per_group():
+    from agents.samplers import hf
+
+    sampler = HFSampler.__new__(HFSampler)
+    sampler.device = torch.device("cpu")
+    price = hf.PREFILL_SPLIT_TOKENS
+    assert sampler._prefill_groups([10, 400, 12, 390]) == [[1, 3], [0, 2]]  # saves 2 x 378 > price
+    assert sampler._prefill_groups([10, 12, 11]) == [[0, 1, 2]]  # 3 padded tokens are not worth a pass
+    lengths = [price // 2, price // 2 + 1]  # apart would save 0 tokens
+    assert sampler._prefill_groups(lengths) == [[0, 1]]
+    assert sampler._prefill_groups([5]) == [[0]]
+
+
+def test_rows_leaving_a_batch_are_replaced_by_its_last_rows_only_where_order_is_free(tiny):
+    from transformers import DynamicCache
+
+    from agents.samplers import hf
+    from agents.samplers.kv_cache import AppendLayer
+
+    model, _ = tiny
+    for reorder, order in ((True, [0, 4, 2, 5]), (False, [0, 2, 4, 5])):
+        cache = DynamicCache(config=model.config)
+        cache.layers = [AppendLayer(9) for _ in cache.layers]
+        rows = [torch.randn(len(cache.layers), 2, 7, 4) for _ in range(6)]  # (layers, kv_heads, columns, dim)
+        keys, values = AppendLayer.allocate_all(cache.layers, rows[0], 6, 7)
+        for b, row in enumerate(rows):
+            keys[:, b], values[:, b] = row, -row
+        got = hf._CacheSteps(model, cache).select([0, 2, 4, 5], 7, reorder)
+        assert got == order
+        for place, b in enumerate(order):
+            for row_keys, layer in zip(rows[b], cache.layers, strict=True):
+                assert torch.equal(layer.keys[place], row_keys) and torch.equal(layer.values[place], -row_keys)
+        assert all(layer.keys.shape == (4, 2, 7, 4) for layer in cache.layers)
+
+
+def test_greedy_rows_that_leave_at_different_steps_equal_each_row_alone(tiny, prompts):
+    """Greedy rows stop at different steps (stop strings), so later rows move into their places."""
+    model, tokenizer = tiny
+    sampler = HFSampler(model, tokenizer)
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0, stop=("a", "e"))
+    rows = [list(p) for p in prompts * 3]
+    batched = sampler.generate(rows, greedy)
+    assert len({len(c.token_ids) for c in batched}) >= 2
+    for row, completion in zip(rows, batched, strict=True):
+        [alone] = HFSampler(model, tokenizer, cache_tokens=0).generate([row], greedy)
+        assert completion.token_ids == alone.token_ids
+        assert completion.logprobs == pytest.approx(alone.logprobs, abs=TOLERANCE, rel=0)
+
+
+def test_grouped_attention_is_the_same_numbers_and_is_undone(tiny, prompts):
+    """A padded prefill over a kept past: logits with the key/value groups given to SDPA equal those with the
+    heads copied, to the bit; the model's attention setting is back afterwards, also after an exception."""
+    from transformers import DynamicCache
+
+    from agents.models import cache_argument
+    from agents.samplers.kv_cache import GROUPED_SDPA, grouped_attention
+
+    model, _ = tiny
+    assert model.config._attn_implementation == "sdpa" and model.config.num_key_value_heads < 4
+    ids = torch.randint(10, 1000, (3, 12), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones(3, 20, dtype=torch.long)
+    attention[0, :5] = attention[1, 8:11] = 0  # padding in the past and in the fresh part
+
+    def logits() -> torch.Tensor:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=ids[:, :8], **{cache_argument(): cache}, use_cache=True)
+            positions = torch.arange(8, 20).expand(3, -1)
+            return model(
+                input_ids=ids, attention_mask=attention, position_ids=positions, **{cache_argument(): cache}
+            ).logits
+
+    plain = logits()
+    with grouped_attention(model):
+        assert model.config._attn_implementation == GROUPED_SDPA
+        grouped = logits()
+    assert torch.equal(grouped, plain)
+    with pytest.raises(RuntimeError), grouped_attention(model):
+        raise RuntimeError("a failing call")
+    assert model.config._attn_implementation == "sdpa"

@@ -40,7 +40,15 @@ from transformers.cache_utils import DynamicLayer
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
-from agents.samplers.kv_cache import AppendLayer, KeptSequence, PrefixStore, common_length, is_prefix, narrow_linears
+from agents.samplers.kv_cache import (
+    AppendLayer,
+    KeptSequence,
+    PrefixStore,
+    common_length,
+    grouped_attention,
+    is_prefix,
+    narrow_linears,
+)
 from agents.samplers.static_decode import StaticDecoder, row_bucket, supports
 
 _AppendLayer = AppendLayer  # the name `benchmarks.decode_parity` imports
@@ -57,6 +65,12 @@ PAD_SLACK = 1024
 rows are split there: a batch of its own costs its decode steps, each about as dear as a dozen tokens' forward
 pass at a few rows."""
 
+PREFILL_SPLIT_TOKENS = 256
+"""On a CPU, the padded prefill tokens that one more forward pass of a call's prefill must save: a batch's rows are
+prefilled in groups of like length (`HFSampler._prefill_groups`), each padded only to its own widest row, and then
+decoded together. A forward pass of a few rows costs about what a few dozen tokens do (the weights are read once
+more); the margin keeps the few-row calls of training in one pass."""
+
 DEFAULT_CACHE_TOKENS = 1 << 16
 """Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
 per token in float32, so about 3 GB when full)."""
@@ -67,6 +81,7 @@ class _CacheSteps:
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache) -> None:
         self.model, self.cache = model, cache
+        self.device = next(model.parameters()).device
 
     def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Feed one token per live row ((alive,) each; `attention` (alive, columns) with the new column);
@@ -91,9 +106,23 @@ class _CacheSteps:
             torch.index_select(layer.values[j], 1, columns, out=value_out)
         return keys, values
 
-    def select(self, index: torch.Tensor, columns: int) -> None:
-        """Keep only the live rows at `index` (in that order)."""
-        self.cache.batch_select_indices(index)
+    def select(self, keep: list[int], columns: int, reorder: bool) -> list[int]:
+        """Keep only the live rows `keep` (ascending); returns the order they are in now. With `reorder`, the last
+        kept rows move into the places of the rows that left (a copy of a few rows, not of all that stay)."""
+        rows = len(keep)
+        if not reorder or not all(type(layer) is AppendLayer for layer in self.cache.layers):
+            self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
+            return keep
+        kept = set(keep)
+        holes = [j for j in range(rows) if j not in kept]
+        movers = [j for j in keep if j >= rows]  # as many as the holes
+        order = list(range(rows))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        sources, targets = torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device)
+        for layer in self.cache.layers:
+            layer.move_rows(sources, targets, rows)
+        return order
 
 
 class _StaticSteps:
@@ -129,14 +158,18 @@ class _StaticSteps:
         keys = self.decoder.all_keys[:, slot].index_select(2, columns).to(key_dtype)
         return keys, self.decoder.all_values[:, slot].index_select(2, columns).to(value_dtype)
 
-    def select(self, index: torch.Tensor, columns: int) -> None:
-        self.slots = [self.slots[j] for j in index.tolist()]
+    def select(self, keep: list[int], columns: int, reorder: bool) -> list[int]:
+        """Keep only the live rows `keep` (ascending), in that order: their slots stay where they are until the
+        live rows fit a smaller bucket."""
+        index = torch.tensor(keep, device=self._slots.device)
+        self.slots = [self.slots[j] for j in keep]
         self._slots = self._slots[index]
         if row_bucket(len(self.slots)) < self.rows:
             self.decoder.gather(self._slots, columns)
             self.slots = list(range(len(self.slots)))
             self._slots = torch.arange(len(self.slots), device=index.device)
             self.rows = row_bucket(len(self.slots))
+        return keep
 
 
 class HFSampler(TokenizerContext):
@@ -308,7 +341,7 @@ class HFSampler(TokenizerContext):
             narrow = self._narrow_limit()
             if self._static is not None:
                 self._static.narrow_rows = narrow
-            with narrow_linears(self.model, narrow):
+            with narrow_linears(self.model, narrow), grouped_attention(self.model):
                 self._share_prefixes([ids for _, ids, _ in rows])
                 for chunk in self._batches(rows):
                     try:
@@ -430,7 +463,8 @@ class HFSampler(TokenizerContext):
         matches = [self._match(ids) for _, ids, _ in rows]  # (kept sequence or None, its tokens reused)
         past = max(m for _, m in matches)
         fresh = [ids[m:] for (_, ids, _), (_, m) in zip(rows, matches, strict=True)]  # tokens to prefill
-        width = max(len(ids) for ids in fresh)
+        lengths = [len(ids) for ids in fresh]
+        width = max(lengths)
         # batch row b: [pad | reused m_b] in the past, [pad | fresh_b] as input; positions continue from m_b
         input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((n, past + width), dtype=torch.long)
@@ -442,33 +476,37 @@ class HFSampler(TokenizerContext):
             positions[b, width - len(ids) :] = torch.arange(m, m + len(ids))
         input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
         widest = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
-        cache = DynamicCache(config=self.model.config)
-        if self._plain:  # with static decoding the prefill's cache is copied out before the first step
-            cache.layers = [AppendLayer(widest if self._static is None else past + width) for _ in cache.layers]
-        if past:
-            self._fill_past(cache, matches, past)
         self.reused_tokens += sum(m for _, m in matches)
-        self.prefilled_tokens += sum(len(ids) for ids in fresh)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            **{cache_argument(): cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1, :]  # (alive, vocab)
+        self.prefilled_tokens += sum(lengths)
+        reserve = widest if self._static is None else past + width  # static decoding copies the prefill out
+        groups = self._prefill_groups(lengths) if self._plain else [list(range(n))]
+        if len(groups) == 1:
+            cache = self._new_cache(reserve)
+            if past:
+                self._fill_past(cache, matches, past, past)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                **{cache_argument(): cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1, :]  # (alive, vocab)
+        else:
+            cache, logits = self._prefill_apart(groups, lengths, input_ids, attention, positions, matches, reserve)
         steps: _CacheSteps | _StaticSteps = _CacheSteps(self.model, cache)
         next_position = positions[:, -1] + 1  # (alive,)
         alive = list(range(n))  # batch row -> index into rows
         tokens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * n
+        reorder = params.temperature <= 0 or generators is not None  # no shared random stream: row order is free
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
             streams = None if generators is None else [generators[b] for b in alive]
             token, logp = self._sample(logits, params, streams)  # (alive,), (alive,)
-            keep = []
+            keep, finished = [], []
             for j, (b, t, lp) in enumerate(zip(alive, token.tolist(), logp.tolist(), strict=True)):
                 tokens[b].append(t)
                 logps[b].append(lp)
@@ -477,14 +515,16 @@ class HFSampler(TokenizerContext):
                 elif len(tokens[b]) < rows[b][2]:
                     keep.append(j)
                     continue
+                finished.append((b, j))
+            for b, j in sorted(finished):  # kept in the rows' order, however the live rows are placed
                 self._keep(steps, j, attention[j], rows[b][1] + tokens[b][:-1], matches[b])
             if not keep:
                 break
             if len(keep) < len(alive):
-                index = torch.tensor(keep, device=self.device)
-                steps.select(index, attention.shape[1])
+                order = steps.select(keep, attention.shape[1], reorder)
+                index = torch.tensor(order, device=self.device)
                 attention, token, next_position = attention[index], token[index], next_position[index]
-                alive = [alive[j] for j in keep]
+                alive = [alive[j] for j in order]
             if self._static is not None and isinstance(steps, _CacheSteps):
                 steps = _StaticSteps(self._static, steps.cache, attention, widest)
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
@@ -500,19 +540,106 @@ class HFSampler(TokenizerContext):
         kept, common = self._store.match(np.asarray(ids, dtype=np.int64))
         return kept, min(common, len(ids) - 1)
 
+    def _new_cache(self, reserve: int) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        if self._plain:
+            cache.layers = [AppendLayer(reserve) for _ in cache.layers]
+        return cache
+
+    def _prefill_groups(self, lengths: list[int]) -> list[list[int]]:
+        """A batch's rows (by the tokens each prefills) in the groups whose prefills run apart, widest first.
+
+        On a CPU the groups minimise the padded prefill tokens plus `PREFILL_SPLIT_TOKENS` for each group
+        beyond the first (an exact partition of the rows sorted by length); elsewhere one group."""
+        n = len(lengths)
+        if self.device.type != "cpu" or n < 2:
+            return [list(range(n))]
+        order = sorted(range(n), key=lambda b: -lengths[b])
+        # best[i]: the least cost of order[:i], whose last group starts at cut[i]
+        best, cut = [0] + [math.inf] * n, [0] * (n + 1)
+        for i in range(1, n + 1):
+            for j in range(i):  # the group order[j:i], padded to its widest, order[j]
+                cost = best[j] + (i - j) * lengths[order[j]] + (PREFILL_SPLIT_TOKENS if j else 0)
+                if cost < best[i]:
+                    best[i], cut[i] = cost, j
+        groups, i = [], n
+        while i:
+            groups.append(sorted(order[cut[i] : i]))
+            i = cut[i]
+        return groups[::-1]
+
+    def _prefill_apart(
+        self,
+        groups: list[list[int]],
+        lengths: list[int],
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        matches: list[tuple[KeptSequence | None, int]],
+        reserve: int,
+    ) -> tuple[DynamicCache, torch.Tensor]:
+        """Prefill each group of a batch's rows by itself, padded to its own widest row, then gather their keys and
+        values into one cache laid out as a single prefill's would be (the columns a group did not prefill are
+        masked padding); returns that cache and every row's next logits, (rows, vocab).
+
+        Each row sees the same columns, positions and mask as in one padded pass; the numbers differ from it only
+        by float rounding (the products run over other row counts), as between any two batchings."""
+        n, width = input_ids.shape
+        past = attention.shape[1] - width
+        parts: list[tuple[torch.Tensor, DynamicCache]] = []
+        logits = None
+        like = next((kept.keys for kept, m in matches if m), None)  # the past's dtype and shape, if any
+        for group in groups:
+            index = torch.tensor(group, device=self.device)
+            own = max(lengths[b] for b in group)  # the group's widest fresh part
+            part = self._new_cache(past + width)
+            if past + width - own:  # the past, then the columns of wider groups' prefills: padding here
+                self._fill_past(part, [matches[b] for b in group], past, past + width - own, like)
+            out = self.model(
+                input_ids=input_ids[index, width - own :],
+                attention_mask=attention[index],
+                position_ids=positions[index, width - own :],
+                **{cache_argument(): part},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            if logits is None:
+                logits = out.logits.new_empty((n, out.logits.shape[-1]))
+                like = part.layers[0].keys if like is None else like
+            logits[index] = out.logits[:, -1, :]
+            parts.append((index, part))
+        cache = self._new_cache(reserve)
+        keys, values = AppendLayer.allocate_all(cache.layers, like, n, past + width)
+        for layer in range(len(cache.layers)):
+            for index, part in parts:
+                keys[layer].index_copy_(0, index, part.layers[layer].keys)
+                values[layer].index_copy_(0, index, part.layers[layer].values)
+                part.layers[layer].release()  # each group's copy goes once used: at most one layer held twice
+        assert logits is not None
+        return cache, logits
+
     @staticmethod
-    def _fill_past(cache: DynamicCache, matches: list[tuple[KeptSequence | None, int]], past: int) -> None:
-        """Fill an empty cache with each row's reused keys and values, right-aligned in `past` columns."""
-        donor = next(kept for kept, m in matches if m)
-        layers, heads, _, dim = donor.keys.shape
-        keys = donor.keys.new_zeros((layers, len(matches), heads, past, dim))
-        values = donor.values.new_zeros((layers, len(matches), heads, past, dim))
+    def _fill_past(
+        cache: DynamicCache,
+        matches: list[tuple[KeptSequence | None, int]],
+        past: int,
+        columns: int,
+        like: torch.Tensor | None = None,
+    ) -> None:
+        """Fill an empty cache of `AppendLayer`s with `columns` columns: each row's reused keys and values
+        right-aligned in the first `past`, zeros elsewhere (masked; zero, since 0 x NaN would not be 0). `like`:
+        a tensor of the cache's dtype and (layers, kv_heads, .., head_dim), needed where no row reuses."""
+        if like is None:
+            like = next(kept.keys for kept, m in matches if m)
+        keys, values = AppendLayer.allocate_all(cache.layers, like, len(matches), columns)
         for b, (kept, m) in enumerate(matches):  # a copy a row for all layers
+            keys[:, b, :, : past - m].zero_()
+            values[:, b, :, : past - m].zero_()
             if m:
-                keys[:, b, :, past - m :] = kept.keys[:, :, :m]
-                values[:, b, :, past - m :] = kept.values[:, :, :m]
-        for layer in range(layers):
-            cache.update(keys[layer], values[layer], layer)
+                keys[:, b, :, past - m : past] = kept.keys[:, :, :m]
+                values[:, b, :, past - m : past] = kept.values[:, :, :m]
+        keys[:, :, :, past:].zero_()
+        values[:, :, :, past:].zero_()
 
     def _keep(
         self,

@@ -3,7 +3,8 @@
 `PrefixStore` keeps the keys and values of finished rows under a token budget and matches a new prompt against
 them by longest common prefix; `AppendLayer` is a cache layer that writes each step's keys and values into
 reserved room; `narrow_linears` gives a model's float32 `nn.Linear` layers the W @ x^T form for few-row inputs
-on a CPU (`agents.samplers.static_decode.narrow_linear`; measured in docs/results/throughput.md).
+on a CPU (`agents.samplers.static_decode.narrow_linear`; measured in docs/results/throughput.md), and
+`grouped_attention` lets a CPU prefill attend over grouped key/value heads without copying them per query head.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from transformers.cache_utils import DynamicLayer
 
 from agents.samplers.static_decode import narrow_linear
 
-__all__ = ["AppendLayer", "KeptSequence", "PrefixStore", "common_length", "is_prefix", "narrow_linears"]
+__all__ = [
+    "AppendLayer",
+    "KeptSequence",
+    "PrefixStore",
+    "common_length",
+    "grouped_attention",
+    "is_prefix",
+    "narrow_linears",
+]
 
 
 @dataclass(eq=False)
@@ -124,11 +133,47 @@ class AppendLayer(DynamicLayer):
         self.keys, self.values = self._keys[..., :need, :], self._values[..., :need, :]
         return self.keys, self.values
 
+    @staticmethod
+    def allocate_all(
+        layers: Sequence[AppendLayer], like: torch.Tensor, rows: int, used: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Give every layer room for `rows` rows (at least its `reserve` columns), of which the first `used` count
+        as filled, all in one buffer; returns those filled columns' keys and values, (layers, rows, kv_heads, used,
+        head_dim) each, for the caller to write: a call's reused past, written in place rather than built apart
+        and copied in, a row's columns of every layer in one copy. `like`: a tensor whose dtype and device the room
+        takes, (.., kv_heads, .., head_dim)."""
+        room = max([used, *(layer.reserve for layer in layers)])
+        shape = (len(layers), rows, like.shape[-3], room, like.shape[-1])
+        keys, values = like.new_empty(shape), like.new_empty(shape)
+        for layer, layer_keys, layer_values in zip(layers, keys, values, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(layer_keys, layer_values)
+            layer._keys, layer._values = layer_keys, layer_values
+            layer.keys, layer.values = layer_keys[..., :used, :], layer_values[..., :used, :]
+        return keys[..., :used, :], values[..., :used, :]
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._keys is not None:
             used = self.keys.shape[-2]
             self._keys, self._values = self._keys[indices], self._values[indices]
             self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
+
+    def release(self) -> None:
+        """Drop the keys and values (the layer is then as if never filled)."""
+        self._keys = self._values = self.keys = self.values = None
+        self.is_initialized = False
+
+    def move_rows(self, sources: torch.Tensor, targets: torch.Tensor, rows: int) -> None:
+        """Copy rows `sources` into rows `targets` (filled columns only), then keep the first `rows` rows: a batch
+        that loses a few rows fills their places with its last rows instead of copying all it keeps."""
+        if self._keys is None:
+            return
+        used = self.keys.shape[-2]
+        if len(sources):
+            self._keys[targets, :, :used] = self._keys[sources, :, :used]
+            self._values[targets, :, :used] = self._values[sources, :, :used]
+        self._keys, self._values = self._keys[:rows], self._values[:rows]
+        self.keys, self.values = self._keys[..., :used, :], self._values[..., :used, :]
 
 
 @contextlib.contextmanager
@@ -168,3 +213,67 @@ def _narrow_forward(layer: torch.nn.Linear, max_rows: int) -> Callable[[torch.Te
         return out.reshape(*x.shape[:-1], layer.weight.shape[0])
 
     return forward
+
+
+GROUPED_SDPA = "redcoda_sdpa_grouped"
+"""The attention implementation name `grouped_attention` registers with transformers for the time it is open."""
+
+
+def _grouped_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except that a masked pass of several query tokens over grouped key/value
+    heads gives the groups to SDPA (`enable_gqa`) instead of first copying each key/value head once per query head
+    it serves (`repeat_kv`): the same kernel over the same numbers, without the copy."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    grouped = getattr(module, "num_key_value_groups", 1) > 1 and query.shape[2] > 1 and attention_mask is not None
+    special = (
+        dropout
+        or kwargs.get("output_attentions")
+        or any(kwargs.get(k) is not None for k in ("position_bias", "softcap"))
+    )
+    if grouped and not special:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
+
+
+@contextlib.contextmanager
+def grouped_attention(model: torch.nn.Module) -> Iterator[None]:
+    """While open, a CPU model with transformers' SDPA attention attends over grouped key/value heads without
+    copying them per query head in passes of several tokens (a prefill); decode steps already do so.
+
+    SDPA's CPU kernel takes the groups itself (`enable_gqa`), but transformers copies the heads whenever a mask is
+    given, as it is for every padded batch: the copy is three times SmolLM2's keys and values, and the attention of
+    a 100-row prefill over 500 columns took 17-50% longer with it (docs/results/main-job.md). The outputs are the
+    same numbers (tested). Other attention implementations and other devices are left as they are. The model's
+    config names the implementation and is restored on exit, also after an exception.
+    """
+    config = getattr(model, "config", None)
+    device = next(model.parameters()).device
+    if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa)
+    AttentionMaskInterface.register(GROUPED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
