@@ -325,10 +325,11 @@ def grown_contexts(tokenizer, prompts, turn: int) -> list[list[int]]:
 def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tiny, prompts, params, monkeypatch):
     """Short and long rows, some over kept pasts and some not: prefilled in groups, each padded to its own widest
     row, they sample what one padded prefill samples (the same tokens, log-probs within rounding)."""
-    from agents.samplers import hf
+    from agents.samplers import prefill
 
     model, tokenizer = tiny
-    monkeypatch.setattr(hf, "PREFILL_SPLIT_TOKENS", 0)  # any padded token saved is worth a group
+    monkeypatch.setattr(prefill, "PREFILL_SPLIT_TOKENS", 0)  # any padded token saved is worth a group
+    monkeypatch.setattr(prefill, "PREFILL_SPLIT_ROWS", 2)
     grouped, padded = HFSampler(model, tokenizer), HFSampler(model, tokenizer)
     monkeypatch.setattr(padded, "_prefill_groups", lambda lengths: [list(range(len(lengths)))])
     splits = []
@@ -345,22 +346,23 @@ def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tin
 
 
 def test_prefill_groups_minimise_the_padded_tokens_plus_a_price_per_group():
-    from agents.samplers import hf
+    from agents.samplers.prefill import PREFILL_SPLIT_ROWS, PREFILL_SPLIT_TOKENS, prefill_groups
 
-    sampler = HFSampler.__new__(HFSampler)
-    sampler.device = torch.device("cpu")
-    price = hf.PREFILL_SPLIT_TOKENS
-    assert sampler._prefill_groups([10, 400, 12, 390]) == [[1, 3], [0, 2]]  # saves 2 x 378 > price
-    assert sampler._prefill_groups([10, 12, 11]) == [[0, 1, 2]]  # 3 padded tokens are not worth a pass
-    lengths = [price // 2, price // 2 + 1]  # apart would save 0 tokens
-    assert sampler._prefill_groups(lengths) == [[0, 1]]
-    assert sampler._prefill_groups([5]) == [[0]]
+    many = PREFILL_SPLIT_ROWS // 2  # rows of each length
+    split = prefill_groups([10, 400] * many)
+    assert split == [list(range(1, 2 * many, 2)), list(range(0, 2 * many, 2))]  # saves many x 390 > the price
+    assert prefill_groups([10, 12, 11] * many) == [list(range(3 * many))]  # a few tokens: not worth a pass
+    price = PREFILL_SPLIT_TOKENS // many
+    assert prefill_groups([price, price + 1] * many) == [list(range(2 * many))]  # would save `many` tokens
+    few = [10, 400] * (PREFILL_SPLIT_ROWS // 2)
+    assert prefill_groups(few[: PREFILL_SPLIT_ROWS - 1]) == [list(range(PREFILL_SPLIT_ROWS - 1))]  # too few rows
+    assert prefill_groups([5]) == [[0]]
 
 
 def test_rows_leaving_a_batch_are_replaced_by_its_last_rows_only_where_order_is_free(tiny):
     from transformers import DynamicCache
 
-    from agents.samplers import hf
+    from agents.samplers import decode_steps
     from agents.samplers.kv_cache import AppendLayer
 
     model, _ = tiny
@@ -371,7 +373,7 @@ def test_rows_leaving_a_batch_are_replaced_by_its_last_rows_only_where_order_is_
         keys, values = AppendLayer.allocate_all(cache.layers, rows[0], 6, 7)
         for b, row in enumerate(rows):
             keys[:, b], values[:, b] = row, -row
-        got = hf._CacheSteps(model, cache).select([0, 2, 4, 5], 7, reorder)
+        got = decode_steps.CacheSteps(model, cache).select([0, 2, 4, 5], 7, reorder)
         assert got == order
         for place, b in enumerate(order):
             for row_keys, layer in zip(rows[b], cache.layers, strict=True):

@@ -10,13 +10,13 @@ import torch
 from transformers import DynamicCache
 
 from agents.evaluation import evaluate
-from agents.samplers import hf
+from agents.samplers import decode_steps
 from agents.samplers.kv_cache import AppendLayer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _stacked_row(self: hf._CacheSteps, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _stacked_row(self: decode_steps.CacheSteps, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The earlier formulation: a gather per layer, then a stack of them (two copies)."""
     layers = self.cache.layers
     keys = torch.stack([layer.keys[j].index_select(1, columns) for layer in layers])
@@ -32,7 +32,7 @@ def test_a_finished_rows_keys_and_values_are_its_columns(tiny):
         for width in (9, 1):
             keys, values = torch.randn(3, 2, width, 4, generator=generator), torch.randn(3, 2, width, 4)
             cache.update(keys, values, index)
-    steps = hf._CacheSteps(model, cache)
+    steps = decode_steps.CacheSteps(model, cache)
     columns = torch.tensor([2, 3, 4, 7, 8, 9])  # a row's unpadded columns: reused past, fresh prompt, samples
     for j in range(3):
         for got, want in zip(steps.row(j, columns), _stacked_row(steps, j, columns), strict=True):
@@ -42,7 +42,7 @@ def test_a_finished_rows_keys_and_values_are_its_columns(tiny):
 def test_greedy_coda_predictions_do_not_depend_on_how_kept_rows_are_copied(tiny, bm25, monkeypatch):
     kwargs = {"limit": 4, "batch": 3, "max_new_tokens": 8, "max_turns": 3, "progress": False}
     now = evaluate("coda", tiny, "dev", **kwargs)
-    monkeypatch.setattr(hf._CacheSteps, "row", _stacked_row)
+    monkeypatch.setattr(decode_steps.CacheSteps, "row", _stacked_row)
     before = evaluate("coda", tiny, "dev", **kwargs)
     assert now["predictions"] == before["predictions"] and now["metrics"] == before["metrics"]
     assert sum(p["sampled_tokens"] for p in now["predictions"]) > 0

@@ -4,7 +4,8 @@ The decoding loop is our own rather than `model.generate`: the agents need per-r
 leaving the batch (and its KV-cache rows) as soon as it stops, the log-prob of every sampled token under the
 distribution it was sampled from, and a batch that survives a bad row. Each call left-pads the prompts (sorted
 by length, in batches of at most `max_batch_size`; on a CPU grouped by the tokens each must prefill, `pad_limit`),
-runs one prefill per batch, then one forward pass per new token over its live rows. Greedy output matches
+prefills each batch (on a CPU in groups of like length, each padded only to its own widest row:
+`agents.samplers.prefill`), then runs one forward pass per new token over its live rows. Greedy output matches
 `model.generate(do_sample=False)` token for token.
 
 Reuse across calls: a context only grows between turns, so when a row finishes its keys and values are kept
@@ -15,13 +16,11 @@ share (at least `MIN_SHARED_TOKENS`) is prefilled once first. The result equals 
 rounding (tested: same tokens, log-probs within 1e-5). At most `cache_tokens` tokens are kept, least recently
 used out first; `release(token_ids)` drops a closed context's; a change of weights or autocast state drops all.
 
-Decode steps on a CPU: few-row products run as (W @ x^T)^T, which streams the weights far faster than
-`F.linear` (`narrow_rows`; figures in docs/results/throughput.md). On a GPU, `decode="graphs"` replays each
-step as one CUDA graph over static key/value buffers (`agents.samplers.static_decode`); `decode="static"` runs
-the same steps without graphs and samples what the dynamic path samples (tested); `decode="auto"` picks static
-on a CPU where the model allows it.
-
-Threads: on a CPU shared with other processes, one OpenMP thread per core can be many times slower than
+Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as (W @ x^T)^T (`narrow_rows`;
+docs/results/throughput.md); a finished greedy row leaves by a move of the last row into its place. On a GPU,
+`decode="graphs"` replays each step as one CUDA graph (`agents.samplers.static_decode`); `decode="static"` runs the
+same steps without graphs and samples what the dynamic path samples (tested); "auto" picks static on a CPU where the
+model allows it. Threads: one OpenMP thread per core on a shared CPU can be many times slower than
 `torch.set_num_threads(1)`; the sampler leaves that process-wide choice to the caller.
 """
 
@@ -40,6 +39,7 @@ from transformers.cache_utils import DynamicLayer
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from agents.samplers.decode_steps import CacheSteps, StaticSteps
 from agents.samplers.kv_cache import (
     AppendLayer,
     KeptSequence,
@@ -49,7 +49,8 @@ from agents.samplers.kv_cache import (
     is_prefix,
     narrow_linears,
 )
-from agents.samplers.static_decode import StaticDecoder, row_bucket, supports
+from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups
+from agents.samplers.static_decode import StaticDecoder, supports
 
 _AppendLayer = AppendLayer  # the name `benchmarks.decode_parity` imports
 
@@ -65,111 +66,9 @@ PAD_SLACK = 1024
 rows are split there: a batch of its own costs its decode steps, each about as dear as a dozen tokens' forward
 pass at a few rows."""
 
-PREFILL_SPLIT_TOKENS = 256
-"""On a CPU, the padded prefill tokens that one more forward pass of a call's prefill must save: a batch's rows are
-prefilled in groups of like length (`HFSampler._prefill_groups`), each padded only to its own widest row, and then
-decoded together. A forward pass of a few rows costs about what a few dozen tokens do (the weights are read once
-more); the margin keeps the few-row calls of training in one pass."""
-
 DEFAULT_CACHE_TOKENS = 1 << 16
 """Default token budget of the keys and values an `HFSampler` keeps between calls (SmolLM2-135M holds 46 KB
 per token in float32, so about 3 GB when full)."""
-
-
-class _CacheSteps:
-    """Decode steps of one call through the model's own forward pass, over its `DynamicCache`."""
-
-    def __init__(self, model: PreTrainedModel, cache: DynamicCache) -> None:
-        self.model, self.cache = model, cache
-        self.device = next(model.parameters()).device
-
-    def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Feed one token per live row ((alive,) each; `attention` (alive, columns) with the new column);
-        returns the next logits, (alive, vocab)."""
-        out = self.model(
-            input_ids=token[:, None],
-            attention_mask=attention,
-            position_ids=position[:, None],
-            **{cache_argument(): self.cache},
-            use_cache=True,
-        )
-        return out.logits[:, -1, :]
-
-    def row(self, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Live row `j`'s keys and values at `columns`, each (layers, kv_heads, len(columns), head_dim)."""
-        layers = self.cache.layers
-        first = layers[0].keys[j]  # (kv_heads, columns, head_dim)
-        shape = (len(layers), first.shape[0], len(columns), first.shape[-1])
-        keys, values = first.new_empty(shape), layers[0].values[j].new_empty(shape)
-        for layer, key_out, value_out in zip(layers, keys, values, strict=True):  # one copy each, no stack after
-            torch.index_select(layer.keys[j], 1, columns, out=key_out)
-            torch.index_select(layer.values[j], 1, columns, out=value_out)
-        return keys, values
-
-    def select(self, keep: list[int], columns: int, reorder: bool) -> list[int]:
-        """Keep only the live rows `keep` (ascending); returns the order they are in now. With `reorder`, the last
-        kept rows move into the places of the rows that left (a copy of a few rows, not of all that stay)."""
-        rows = len(keep)
-        if not reorder or not all(type(layer) is AppendLayer for layer in self.cache.layers):
-            self.cache.batch_select_indices(torch.tensor(keep, device=self.device))
-            return keep
-        kept = set(keep)
-        holes = [j for j in range(rows) if j not in kept]
-        movers = [j for j in keep if j >= rows]  # as many as the holes
-        order = list(range(rows))
-        for hole, mover in zip(holes, movers, strict=True):
-            order[hole] = mover
-        sources, targets = torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device)
-        for layer in self.cache.layers:
-            layer.move_rows(sources, targets, rows)
-        return order
-
-
-class _StaticSteps:
-    """Decode steps of one call over a `StaticDecoder`'s buffers (CUDA graphs on a GPU), from its prefilled cache.
-
-    Live rows sit in slots of the decoder's buffers; a row that finishes leaves its slot behind until the live
-    rows fit a smaller row bucket, when they are gathered into the first slots.
-    """
-
-    def __init__(self, decoder: StaticDecoder, cache: DynamicCache, attention: torch.Tensor, widest: int) -> None:
-        decoder.begin(cache, widest)
-        rows, columns = attention.shape
-        decoder.mask[:rows, 0, 0, :columns] = attention.bool()
-        self.decoder = decoder
-        self.slots = list(range(rows))
-        self._slots = torch.arange(rows, device=attention.device)
-        self.rows = row_bucket(rows)
-
-    def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        decoder, column = self.decoder, attention.shape[1] - 1
-        decoder.tokens[self._slots] = token
-        decoder.positions[self._slots] = position
-        decoder.column.fill_(column)
-        # every slot of the bucket attends to the column it writes now: a finished or unused slot's step stays
-        # finite (its output is ignored, but NaN keys in its slot could reach a later call's live row)
-        decoder.mask[: self.rows, 0, 0, column] = True
-        return decoder.step(self.rows)[self._slots]
-
-    def row(self, j: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # one gather for all layers (a gather per layer was 60 kernels a row, 0.1 s a 64-row call on a GPU), in
-        # the dtypes the dynamic cache keeps them in
-        slot, (key_dtype, value_dtype) = self.slots[j], self.decoder.cache_dtypes
-        keys = self.decoder.all_keys[:, slot].index_select(2, columns).to(key_dtype)
-        return keys, self.decoder.all_values[:, slot].index_select(2, columns).to(value_dtype)
-
-    def select(self, keep: list[int], columns: int, reorder: bool) -> list[int]:
-        """Keep only the live rows `keep` (ascending), in that order: their slots stay where they are until the
-        live rows fit a smaller bucket."""
-        index = torch.tensor(keep, device=self._slots.device)
-        self.slots = [self.slots[j] for j in keep]
-        self._slots = self._slots[index]
-        if row_bucket(len(self.slots)) < self.rows:
-            self.decoder.gather(self._slots, columns)
-            self.slots = list(range(len(self.slots)))
-            self._slots = torch.arange(len(self.slots), device=index.device)
-            self.rows = row_bucket(len(self.slots))
-        return keep
 
 
 class HFSampler(TokenizerContext):
@@ -483,7 +382,7 @@ class HFSampler(TokenizerContext):
         if len(groups) == 1:
             cache = self._new_cache(reserve)
             if past:
-                self._fill_past(cache, matches, past, past)
+                fill_past(cache, matches, past, past)
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention,
@@ -495,13 +394,14 @@ class HFSampler(TokenizerContext):
             logits = out.logits[:, -1, :]  # (alive, vocab)
         else:
             cache, logits = self._prefill_apart(groups, lengths, input_ids, attention, positions, matches, reserve)
-        steps: _CacheSteps | _StaticSteps = _CacheSteps(self.model, cache)
+        steps: CacheSteps | StaticSteps = CacheSteps(self.model, cache)
         next_position = positions[:, -1] + 1  # (alive,)
         alive = list(range(n))  # batch row -> index into rows
         tokens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * n
-        reorder = params.temperature <= 0 or generators is not None  # no shared random stream: row order is free
+        # no random stream shared in row order: finished rows may leave by a move of the last rows (not static steps)
+        reorder = self._static is None and (params.temperature <= 0 or generators is not None)
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
             streams = None if generators is None else [generators[b] for b in alive]
@@ -525,8 +425,8 @@ class HFSampler(TokenizerContext):
                 index = torch.tensor(order, device=self.device)
                 attention, token, next_position = attention[index], token[index], next_position[index]
                 alive = [alive[j] for j in order]
-            if self._static is not None and isinstance(steps, _CacheSteps):
-                steps = _StaticSteps(self._static, steps.cache, attention, widest)
+            if self._static is not None and isinstance(steps, CacheSteps):
+                steps = StaticSteps(self._static, steps.cache, attention, widest)
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
             logits = steps(token, attention, next_position)
             next_position = next_position + 1
@@ -541,109 +441,18 @@ class HFSampler(TokenizerContext):
         return kept, min(common, len(ids) - 1)
 
     def _new_cache(self, reserve: int) -> DynamicCache:
-        cache = DynamicCache(config=self.model.config)
-        if self._plain:
-            cache.layers = [AppendLayer(reserve) for _ in cache.layers]
-        return cache
+        return new_cache(self.model, reserve, self._plain)
 
     def _prefill_groups(self, lengths: list[int]) -> list[list[int]]:
-        """A batch's rows (by the tokens each prefills) in the groups whose prefills run apart, widest first.
+        """A batch's rows in the groups whose prefills run apart (`prefill.prefill_groups`): on a CPU only."""
+        return prefill_groups(lengths) if self.device.type == "cpu" else [list(range(len(lengths)))]
 
-        On a CPU the groups minimise the padded prefill tokens plus `PREFILL_SPLIT_TOKENS` for each group
-        beyond the first (an exact partition of the rows sorted by length); elsewhere one group."""
-        n = len(lengths)
-        if self.device.type != "cpu" or n < 2:
-            return [list(range(n))]
-        order = sorted(range(n), key=lambda b: -lengths[b])
-        # best[i]: the least cost of order[:i], whose last group starts at cut[i]
-        best, cut = [0] + [math.inf] * n, [0] * (n + 1)
-        for i in range(1, n + 1):
-            for j in range(i):  # the group order[j:i], padded to its widest, order[j]
-                cost = best[j] + (i - j) * lengths[order[j]] + (PREFILL_SPLIT_TOKENS if j else 0)
-                if cost < best[i]:
-                    best[i], cut[i] = cost, j
-        groups, i = [], n
-        while i:
-            groups.append(sorted(order[cut[i] : i]))
-            i = cut[i]
-        return groups[::-1]
-
-    def _prefill_apart(
-        self,
-        groups: list[list[int]],
-        lengths: list[int],
-        input_ids: torch.Tensor,
-        attention: torch.Tensor,
-        positions: torch.Tensor,
-        matches: list[tuple[KeptSequence | None, int]],
-        reserve: int,
-    ) -> tuple[DynamicCache, torch.Tensor]:
-        """Prefill each group of a batch's rows by itself, padded to its own widest row, then gather their keys and
-        values into one cache laid out as a single prefill's would be (the columns a group did not prefill are
-        masked padding); returns that cache and every row's next logits, (rows, vocab).
-
-        Each row sees the same columns, positions and mask as in one padded pass; the numbers differ from it only
-        by float rounding (the products run over other row counts), as between any two batchings."""
-        n, width = input_ids.shape
-        past = attention.shape[1] - width
-        parts: list[tuple[torch.Tensor, DynamicCache]] = []
-        logits = None
-        like = next((kept.keys for kept, m in matches if m), None)  # the past's dtype and shape, if any
-        for group in groups:
-            index = torch.tensor(group, device=self.device)
-            own = max(lengths[b] for b in group)  # the group's widest fresh part
-            part = self._new_cache(past + width)
-            if past + width - own:  # the past, then the columns of wider groups' prefills: padding here
-                self._fill_past(part, [matches[b] for b in group], past, past + width - own, like)
-            out = self.model(
-                input_ids=input_ids[index, width - own :],
-                attention_mask=attention[index],
-                position_ids=positions[index, width - own :],
-                **{cache_argument(): part},
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            if logits is None:
-                logits = out.logits.new_empty((n, out.logits.shape[-1]))
-                like = part.layers[0].keys if like is None else like
-            logits[index] = out.logits[:, -1, :]
-            parts.append((index, part))
-        cache = self._new_cache(reserve)
-        keys, values = AppendLayer.allocate_all(cache.layers, like, n, past + width)
-        for layer in range(len(cache.layers)):
-            for index, part in parts:
-                keys[layer].index_copy_(0, index, part.layers[layer].keys)
-                values[layer].index_copy_(0, index, part.layers[layer].values)
-                part.layers[layer].release()  # each group's copy goes once used: at most one layer held twice
-        assert logits is not None
-        return cache, logits
-
-    @staticmethod
-    def _fill_past(
-        cache: DynamicCache,
-        matches: list[tuple[KeptSequence | None, int]],
-        past: int,
-        columns: int,
-        like: torch.Tensor | None = None,
-    ) -> None:
-        """Fill an empty cache of `AppendLayer`s with `columns` columns: each row's reused keys and values
-        right-aligned in the first `past`, zeros elsewhere (masked; zero, since 0 x NaN would not be 0). `like`:
-        a tensor of the cache's dtype and (layers, kv_heads, .., head_dim), needed where no row reuses."""
-        if like is None:
-            like = next(kept.keys for kept, m in matches if m)
-        keys, values = AppendLayer.allocate_all(cache.layers, like, len(matches), columns)
-        for b, (kept, m) in enumerate(matches):  # a copy a row for all layers
-            keys[:, b, :, : past - m].zero_()
-            values[:, b, :, : past - m].zero_()
-            if m:
-                keys[:, b, :, past - m : past] = kept.keys[:, :, :m]
-                values[:, b, :, past - m : past] = kept.values[:, :, :m]
-        keys[:, :, :, past:].zero_()
-        values[:, :, :, past:].zero_()
+    def _prefill_apart(self, groups: list[list[int]], *args: object) -> tuple[DynamicCache, torch.Tensor]:
+        return prefill_apart(self.model, groups, *args)  # type: ignore[arg-type]
 
     def _keep(
         self,
-        steps: _CacheSteps | _StaticSteps,
+        steps: CacheSteps | StaticSteps,
         j: int,
         attention: torch.Tensor,
         fed: list[int],
