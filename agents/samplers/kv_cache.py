@@ -257,10 +257,10 @@ def grouped_attention(model: torch.nn.Module) -> Iterator[None]:
     copying them per query head in passes of several tokens (a prefill); decode steps already do so.
 
     SDPA's CPU kernel takes the groups itself (`enable_gqa`), but transformers copies the heads whenever a mask is
-    given, as it is for every padded batch: the copy is three times SmolLM2's keys and values, and the attention of
-    a 100-row prefill over 500 columns took 17-50% longer with it (docs/results/main-job.md). The outputs are the
-    same numbers (tested). Other attention implementations and other devices are left as they are. The model's
-    config names the implementation and is restored on exit, also after an exception.
+    given, as it is for every padded batch: three times SmolLM2's keys and values, copied in every layer (the cost:
+    docs/results/throughput.md). The outputs are the same numbers (tested). Other attention implementations and
+    other devices are left as they are. The model's config names the implementation and is restored on exit, also
+    after an exception.
     """
     config = getattr(model, "config", None)
     device = next(model.parameters()).device
