@@ -325,7 +325,7 @@ def grown_contexts(tokenizer, prompts, turn: int) -> list[list[int]]:
 def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tiny, prompts, params, monkeypatch):
     """Short and long rows, some over kept pasts and some not: prefilled in groups, each padded to its own widest
     row, they sample what one padded prefill samples (the same tokens, log-probs within rounding)."""
-    from agents.samplers import prefill
+    from agents.samplers import hf, prefill
 
     model, tokenizer = tiny
     monkeypatch.setattr(prefill, "PREFILL_SPLIT_TOKENS", 0)  # any padded token saved is worth a group
@@ -333,8 +333,8 @@ def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tin
     grouped, padded = HFSampler(model, tokenizer), HFSampler(model, tokenizer)
     monkeypatch.setattr(padded, "_prefill_groups", lambda lengths: [list(range(len(lengths)))])
     splits = []
-    apart = grouped._prefill_apart
-    monkeypatch.setattr(grouped, "_prefill_apart", lambda groups, *a: splits.append(len(groups)) or apart(groups, *a))
+    apart = hf.prefill_apart  # only the grouped sampler calls it: the padded one prefills one group
+    monkeypatch.setattr(hf, "prefill_apart", lambda m, groups, *a: splits.append(len(groups)) or apart(m, groups, *a))
     contexts = [list(p) for p in prompts * 2]
     for turn in range(3):
         got, expected = grouped.generate(contexts, params), padded.generate(contexts, params)

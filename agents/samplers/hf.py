@@ -380,28 +380,28 @@ class HFSampler(TokenizerContext):
         reserve = widest if self._static is None else past + width  # static decoding copies the prefill out
         groups = self._prefill_groups(lengths) if self._plain else [list(range(n))]
         if len(groups) == 1:
-            cache = self._new_cache(reserve)
+            cache = new_cache(self.model, reserve, self._plain)
             if past:
                 fill_past(cache, matches, past, past)
-            out = self.model(
+            logits = self.model(  # (alive, vocab) after the [:, -1]
                 input_ids=input_ids,
                 attention_mask=attention,
                 position_ids=positions,
                 **{cache_argument(): cache},
                 use_cache=True,
                 logits_to_keep=1,
-            )
-            logits = out.logits[:, -1, :]  # (alive, vocab)
+            ).logits[:, -1, :]
         else:
-            cache, logits = self._prefill_apart(groups, lengths, input_ids, attention, positions, matches, reserve)
+            cache, logits = prefill_apart(
+                self.model, groups, lengths, input_ids, attention, positions, matches, reserve
+            )
         steps: CacheSteps | StaticSteps = CacheSteps(self.model, cache)
         next_position = positions[:, -1] + 1  # (alive,)
         alive = list(range(n))  # batch row -> index into rows
         tokens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
         reasons = ["length"] * n
-        # no random stream shared in row order: finished rows may leave by a move of the last rows (not static steps)
-        reorder = self._static is None and (params.temperature <= 0 or generators is not None)
+        reorder = self._static is None and (params.temperature <= 0 or generators is not None)  # draws order-free
         stop_window = max((len(s) for s in params.stop), default=0) + 8  # tokens; each decodes to >= 1 char
         while True:
             streams = None if generators is None else [generators[b] for b in alive]
@@ -440,15 +440,9 @@ class HFSampler(TokenizerContext):
         kept, common = self._store.match(np.asarray(ids, dtype=np.int64))
         return kept, min(common, len(ids) - 1)
 
-    def _new_cache(self, reserve: int) -> DynamicCache:
-        return new_cache(self.model, reserve, self._plain)
-
     def _prefill_groups(self, lengths: list[int]) -> list[list[int]]:
         """A batch's rows in the groups whose prefills run apart (`prefill.prefill_groups`): on a CPU only."""
         return prefill_groups(lengths) if self.device.type == "cpu" else [list(range(len(lengths)))]
-
-    def _prefill_apart(self, groups: list[list[int]], *args: object) -> tuple[DynamicCache, torch.Tensor]:
-        return prefill_apart(self.model, groups, *args)  # type: ignore[arg-type]
 
     def _keep(
         self,
