@@ -215,8 +215,10 @@ def _load(
     kind: str = "hf",
     url: str | None = None,
     served_model: str | None = None,
+    batch: int = 64,
 ) -> Any:
-    """A sampler of `kind` over `model` (a name, a path or a loaded `(model, tokenizer)` pair)."""
+    """A sampler of `kind` over `model` (a name, a path or a loaded `(model, tokenizer)` pair); a transformers
+    sampler runs up to `batch` rows (the episodes of one batched rollout) in one pass, 64 at least."""
     from agents.models import ensure_smollm2_cache, load_model, smollm2_tokenizer
     from agents.samplers import HFSampler
     from agents.samplers.factory import make_sampler
@@ -224,7 +226,7 @@ def _load(
     bundled = model in (None, "None", "none", "smollm2-135m")
     if kind == "hf":
         lm, tokenizer = model if isinstance(model, tuple) else load_model(None if bundled else model, device=device)
-        return HFSampler(lm, tokenizer, seed=seed, max_context=max_context)
+        return HFSampler(lm, tokenizer, seed=seed, max_context=max_context, max_batch_size=max(64, batch))
     if isinstance(model, tuple):
         raise ValueError(f"--sampler {kind} takes a model name or directory, not a loaded model")
     source = str(ensure_smollm2_cache()) if bundled else str(model)
@@ -287,7 +289,7 @@ def _answer_directly(
     from envs.protocol import format_passages, parse_action
     from envs.rewards import exact_match, f1_score, format_score
 
-    sampler = load(model, seed)
+    sampler = load(model, seed, batch=batch)
     retriever = env.retriever if agent_name == "rag" else None
     top_k, max_passage_words = env.top_k, env.max_passage_words
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=("</answer>",), seed=seed)
@@ -362,7 +364,7 @@ def _run_agent(
     else:
         from agents.search_agents import CodaAgent, SearchR1Agent
 
-        sampler = load(model, seed, max_context_tokens)
+        sampler = load(model, seed, max_context_tokens, batch=batch)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         agent = (CodaAgent if agent_name == "coda" else SearchR1Agent)(
             sampler, params, max_context_tokens=max_context_tokens

@@ -345,6 +345,39 @@ def test_a_batch_prefilled_in_groups_samples_what_one_padded_prefill_samples(tin
     assert splits and max(splits) >= 2
 
 
+def test_a_prefill_group_attends_over_its_own_columns_only(tiny, prompts, monkeypatch):
+    """Rows over a long kept past share a batch with rows that reuse nothing: the group of the fresh rows runs its
+    forward pass over its own tokens' columns alone, not over the others' past (masked padding for it), and the
+    batch samples what one padded prefill samples."""
+    from agents.samplers import prefill
+
+    model, tokenizer = tiny
+    monkeypatch.setattr(prefill, "PREFILL_SPLIT_TOKENS", 0)
+    monkeypatch.setattr(prefill, "PREFILL_SPLIT_ROWS", 2)
+    grouped, padded = HFSampler(model, tokenizer), HFSampler(model, tokenizer)
+    monkeypatch.setattr(padded, "_prefill_groups", lambda lengths: [list(range(len(lengths)))])
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    kept = [list(p) for p in prompts[:2]]
+    for sampler in (grouped, padded):
+        sampler.generate(kept, params)
+    contexts = [[*kept[0], 5], [*kept[1], 6, 7], [900 + i for i in range(30)], [950 + i for i in range(25)]]
+    columns: list[tuple[int, int]] = []  # (tokens fed, mask columns) of each forward pass
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        if kwargs.get("input_ids") is not None and kwargs.get("attention_mask") is not None:
+            columns.append((kwargs["input_ids"].shape[1], kwargs["attention_mask"].shape[1]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    got = grouped.generate(contexts, params)
+    assert (30, 30) in columns and (25, 25) in columns  # each fresh row: its own columns, none of the past
+    assert any(fed <= 2 and width - fed >= min(len(k) for k in kept) for fed, width in columns)  # past and new
+    monkeypatch.setattr(model, "forward", forward)
+    assert_same(got, padded.generate(contexts, params))
+    assert grouped.reused_tokens == padded.reused_tokens > 0
+
+
 def test_prefill_groups_minimise_the_padded_tokens_plus_a_price_per_group():
     from agents.samplers.prefill import PREFILL_SPLIT_ROWS, PREFILL_SPLIT_TOKENS, prefill_groups
 

@@ -106,12 +106,15 @@ def test_few_row_linears_are_used_while_sampling_and_undone_afterwards(tiny, pro
 
 
 def test_a_call_of_short_and_long_prompts_runs_as_two_batches_on_a_cpu(tiny, monkeypatch):
-    """Six short prompts and two of 300 tokens: one batch would pad the six to 300 (2,400 prefill tokens for
-    660), so the CPU default runs the short ones and the long ones apart; greedy samples the same."""
+    """Four short prompts and two of 300 tokens: one batch would pad the four to 300 (1,800 prefill tokens for
+    642), so the CPU default runs the short ones and the long ones apart; greedy samples the same. A call of 8
+    rows or more prefills in groups of like length instead, so it stays one batch: one loop of decode steps."""
+    from agents.samplers import hf
+
     model, tokenizer = tiny
     short = [[100 + i] * (10 + i % 3) for i in range(6)]
     long = [[200 + i] * (300 - i) for i in range(2)]
-    prompts = [long[0], *short[:3], long[1], *short[3:]]  # the call's order is kept in what it returns
+    prompts = [long[0], *short[:2], long[1], *short[2:4]]  # the call's order is kept in what it returns
     seen: list[list[int]] = []
     decode = HFSampler._decode
     monkeypatch.setattr(
@@ -120,13 +123,19 @@ def test_a_call_of_short_and_long_prompts_runs_as_two_batches_on_a_cpu(tiny, mon
     split = HFSampler(model, tokenizer, cache_tokens=0)
     assert split.pad_limit == 2.0  # the default on a CPU
     got = split.generate(prompts, GREEDY)
-    assert [sorted(batch) for batch in seen] == [[1, 2, 3, 5, 6, 7], [0, 4]]
+    assert [sorted(batch) for batch in seen] == [[1, 2, 4, 5], [0, 3]]
     seen.clear()
     expected = HFSampler(model, tokenizer, cache_tokens=0, pad_limit=0).generate(prompts, GREEDY)
-    assert [sorted(batch) for batch in seen] == [list(range(8))]  # no limit: one batch, as many as fit
+    assert [sorted(batch) for batch in seen] == [list(range(6))]  # no limit: one batch, as many as fit
     for completion, reference in zip(got, expected, strict=True):
         assert completion.token_ids == reference.token_ids
         assert completion.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    seen.clear()
+    groups: list[int] = []
+    apart = hf.prefill_apart
+    monkeypatch.setattr(hf, "prefill_apart", lambda m, parts, *a: groups.append(len(parts)) or apart(m, parts, *a))
+    split.generate([long[0], *short[:3], long[1], *short[3:]], GREEDY)
+    assert [sorted(batch) for batch in seen] == [list(range(8))] and groups == [2]  # one batch, two prefills
     seen.clear()
     HFSampler(model, tokenizer, cache_tokens=0, max_batch_size=4).generate(short + long, GREEDY)
     assert [len(batch) for batch in seen] == [4, 4]  # max_batch_size bounds each batch (else 6 and 2)

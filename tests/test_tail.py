@@ -62,3 +62,28 @@ def test_a_run_without_the_validation_choice_has_no_validation_parts(tmp_path):
     parts, questions = tail_parts(tmp_path, 2, None)
     assert questions == [7, 8] and [p["step"] for p in parts] == [4, 2]
     assert parts[0]["checkpoint"] == str(tmp_path / "checkpoints" / "step_000004")
+
+
+def test_an_evaluation_batch_is_one_sampler_batch(tiny):
+    """The transformers sampler of an evaluation runs all of a batched rollout's rows in one pass (100 held-out
+    episodes: one loop of decode steps a turn, not one for 64 rows and another for 36)."""
+    from agents.evaluation import _load
+
+    assert _load(tiny, 0, 2048, batch=100).max_batch_size == 100
+    assert _load(tiny, 0, 2048, batch=8).max_batch_size == 64
+
+
+def test_a_corpus_is_hashed_once_however_many_envs_ask(monkeypatch):
+    """Every env made over a corpus asks for its fingerprint (the retrievers' cache key): the rows are hashed once
+    per corpus, to what hashing them while streaming the file gives."""
+    from retrievers import corpus as corpus_module
+
+    calls = []
+    rows = corpus_module.fingerprint_rows
+    monkeypatch.setattr(corpus_module, "fingerprint_rows", lambda r: calls.append(1) or rows(r))
+    corpus = corpus_module.Corpus.from_passages([("a", "Alpha", "first text"), ("b", "Beta", "second text")])
+    first = corpus.fingerprint
+    assert [corpus.fingerprint for _ in range(5)] == [first] * 5 and len(calls) == 1
+    assert first == rows([("a", "Alpha", "first text"), ("b", "Beta", "second text")])
+    other = corpus_module.Corpus.from_passages([("a", "Alpha", "first text"), ("b", "Beta", "other text")])
+    assert other.fingerprint != first

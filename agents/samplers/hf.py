@@ -38,7 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
-from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from agents.samplers import TokenizerContext, cut_at_stop, overflow, prefill
 from agents.samplers.decode_steps import CacheSteps, StaticSteps
 from agents.samplers.kv_cache import (
     AppendLayer,
@@ -100,9 +100,10 @@ class HFSampler(TokenizerContext):
             batch ends where one more row would pad its prefill to over `pad_limit` times the real tokens (and by
             over `PAD_SLACK` tokens): an agent's call that mixes short replies with long search results then
             runs as two batches instead of padding every short row to the longest (docs/results/throughput.md).
-            A call of more rows than one batch holds, or one that splits, samples (above temperature 0) with
-            its random draws in another order than a sampler without reuse would: reuse decides what is left to
-            prefill.
+            Calls whose batches prefill in groups of like length (8 rows or more, `agents.samplers.prefill`) pad
+            little and are not split. A call of more rows than one batch holds, or one that splits, samples
+            (above temperature 0) with its random draws in another order than a sampler without reuse would:
+            reuse decides what is left to prefill.
             None picks 2 on a CPU and no limit elsewhere (where a padded prefill costs little and every extra
             batch costs its decode steps); 0 means no limit.
         decode: how the decode steps after each call's prefill run. "dynamic": the model's own forward pass over a
@@ -290,14 +291,17 @@ class HFSampler(TokenizerContext):
     def _batches(self, rows: list[_Row]) -> list[list[_Row]]:
         """A call's rows (sorted by length) in the batches that run together, `max_batch_size` at most each.
 
-        With a `pad_limit`, the rows are taken by the tokens each must prefill (its prompt less what it reuses)
+        A batch that prefills in groups (`_grouped`) pads little, so it needs no limit: one batch decodes all its
+        rows in one loop of steps, where two batches would take a loop each. With a `pad_limit`, the rows of
+        other calls are taken by the tokens each must prefill (its prompt less what it reuses)
         and a batch ends before a row that would pad its prefill to more than `pad_limit` times the real tokens
         and by more than `PAD_SLACK` (the row is the widest so far: every row before it would be padded to its
         length). Each batch keeps its rows in the call's order, so a call that fits one batch and needs no split runs
         exactly as without a limit, random draws at a temperature above 0 included.
         """
         size = self.max_batch_size
-        if not self.pad_limit or len(rows) < 2:
+        last = len(rows) - (len(rows) - 1) // size * size  # the rows of the last, smallest batch by count
+        if not self.pad_limit or len(rows) < 2 or self._grouped(last):
             return [rows[start : start + size] for start in range(0, len(rows), size)]
         fresh = [len(ids) - self._match(ids)[1] for _, ids, _ in rows]
         batches: list[list[int]] = [[]]
@@ -378,7 +382,7 @@ class HFSampler(TokenizerContext):
         self.reused_tokens += sum(m for _, m in matches)
         self.prefilled_tokens += sum(lengths)
         reserve = widest if self._static is None else past + width  # static decoding copies the prefill out
-        groups = self._prefill_groups(lengths) if self._plain else [list(range(n))]
+        groups = self._prefill_groups(lengths)
         if len(groups) == 1:
             cache = new_cache(self.model, reserve, self._plain)
             if past:
@@ -440,9 +444,14 @@ class HFSampler(TokenizerContext):
         kept, common = self._store.match(np.asarray(ids, dtype=np.int64))
         return kept, min(common, len(ids) - 1)
 
+    def _grouped(self, rows: int) -> bool:
+        """Whether a batch of `rows` rows prefills in groups of like length (`prefill.prefill_groups`): on a CPU,
+        with a plain cache, from `PREFILL_SPLIT_ROWS` rows on."""
+        return self.device.type == "cpu" and self._plain and rows >= prefill.PREFILL_SPLIT_ROWS
+
     def _prefill_groups(self, lengths: list[int]) -> list[list[int]]:
-        """A batch's rows in the groups whose prefills run apart (`prefill.prefill_groups`): on a CPU only."""
-        return prefill_groups(lengths) if self.device.type == "cpu" else [list(range(len(lengths)))]
+        """A batch's rows in the groups whose prefills run apart (`prefill.prefill_groups`)."""
+        return prefill_groups(lengths) if self._grouped(len(lengths)) else [list(range(len(lengths)))]
 
     def _keep(
         self,

@@ -20,9 +20,10 @@ from agents.samplers.kv_cache import AppendLayer, KeptSequence
 
 __all__ = ["PREFILL_SPLIT_ROWS", "PREFILL_SPLIT_TOKENS", "fill_past", "new_cache", "prefill_apart", "prefill_groups"]
 
-PREFILL_SPLIT_TOKENS = 256
-"""The padded prefill tokens that one more forward pass of a batch's prefill must save. A forward pass of a few
-rows costs about what a few dozen tokens do (the weights are read once more)."""
+PREFILL_SPLIT_TOKENS = 32
+"""The padded prefill tokens that one more forward pass of a batch's prefill must save. A forward pass costs about
+40 ms beyond its tokens (the weights are read once more), what some 26 prefill tokens cost on a 2-core CPU, and
+a pass of one row of 128+ tokens runs as fast per token as a batch (docs/results/throughput.md)."""
 
 PREFILL_SPLIT_ROWS = 8
 """Fewest rows of a batch whose prefill may be split into groups. A GRPO group's calls (4 rollouts of a question)
@@ -80,24 +81,28 @@ def prefill_apart(
     padding); returns that cache and every row's next logits, (rows, vocab).
 
     `input_ids`, `positions` (rows, width) and `attention` (rows, past + width) are the single pass's, `lengths`
-    each row's fresh tokens, `matches` each row's reused past, `reserve` the cache's room in columns. Each row sees
-    the same columns, positions and mask as in one padded pass; the numbers differ from it only by float rounding
-    (the products run over other row counts), as between any two batchings.
+    each row's fresh tokens, `matches` each row's reused past, `reserve` the cache's room in columns. A group
+    attends only over its own columns: its widest reused past and its own fresh part, not the columns that are
+    padding for all its rows (a third of the attention's work in the tail's scorings, where a planner's short past
+    shares a batch with executors' long ones). Each row sees the same keys, positions and mask as in one padded
+    pass; the numbers differ from it only by float rounding, as between any two batchings.
     """
     n, width = input_ids.shape
     past = attention.shape[1] - width
-    parts: list[tuple[torch.Tensor, DynamicCache]] = []
+    parts: list[tuple[torch.Tensor, int, int, DynamicCache]] = []
     logits = None
     like = next((kept.keys for kept, m in matches if m), None)  # the past's dtype and shape, if any
     for group in groups:
         index = torch.tensor(group, device=input_ids.device)
         own = max(lengths[b] for b in group)  # the group's widest fresh part
-        part = new_cache(model, past + width, plain=True)
-        if past + width - own:  # the past, then the columns of wider groups' prefills: padding here
-            fill_past(part, [matches[b] for b in group], past, past + width - own, like)
+        reused = max(matches[b][1] for b in group)  # and widest reused past: the columns it attends over
+        part = new_cache(model, reused + own, plain=True)
+        if reused:
+            fill_past(part, [matches[b] for b in group], reused, reused, like)
+        mask = torch.cat([attention[index, past - reused : past], attention[index, past + width - own :]], dim=1)
         out = model(
             input_ids=input_ids[index, width - own :],
-            attention_mask=attention[index],
+            attention_mask=mask,
             position_ids=positions[index, width - own :],
             **{cache_argument(): part},
             use_cache=True,
@@ -107,15 +112,19 @@ def prefill_apart(
             logits = out.logits.new_empty((n, out.logits.shape[-1]))
             like = part.layers[0].keys if like is None else like
         logits[index] = out.logits[:, -1, :]
-        parts.append((index, part))
+        parts.append((index, reused, own, part))
     if logits is None or like is None:
         raise ValueError("prefill_apart needs at least one group")
     cache = new_cache(model, reserve, plain=True)
     keys, values = AppendLayer.allocate_all(cache.layers, like, n, past + width)
     for layer in range(len(cache.layers)):
-        for index, part in parts:
-            keys[layer].index_copy_(0, index, part.layers[layer].keys)
-            values[layer].index_copy_(0, index, part.layers[layer].values)
+        for index, reused, own, part in parts:
+            for into, got in ((keys[layer], part.layers[layer].keys), (values[layer], part.layers[layer].values)):
+                # masked columns hold zeros, not what the buffer held (0 x NaN would not be 0)
+                into[:, :, : past - reused].index_fill_(0, index, 0.0)
+                into[:, :, past - reused : past].index_copy_(0, index, got[:, :, :reused])
+                into[:, :, past : past + width - own].index_fill_(0, index, 0.0)
+                into[:, :, past + width - own :].index_copy_(0, index, got[:, :, reused:])
             part.layers[layer].release()  # each group's copy goes once used: at most one layer held twice
     return cache, logits
 
