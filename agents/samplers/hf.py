@@ -292,12 +292,12 @@ class HFSampler(TokenizerContext):
         """A call's rows (sorted by length) in the batches that run together, `max_batch_size` at most each.
 
         A batch that prefills in groups (`_grouped`) pads little, so it needs no limit: one batch decodes all its
-        rows in one loop of steps, where two batches would take a loop each. With a `pad_limit`, the rows of
-        other calls are taken by the tokens each must prefill (its prompt less what it reuses)
-        and a batch ends before a row that would pad its prefill to more than `pad_limit` times the real tokens
-        and by more than `PAD_SLACK` (the row is the widest so far: every row before it would be padded to its
-        length). Each batch keeps its rows in the call's order, so a call that fits one batch and needs no split runs
-        exactly as without a limit, random draws at a temperature above 0 included.
+        rows in one loop of steps, where two batches would take a loop each. Otherwise, with a `pad_limit`, the
+        rows are taken by the tokens each must prefill (its prompt less what it reuses) and a batch ends before a
+        row that would pad its prefill to more than `pad_limit` times the real tokens and by more than
+        `PAD_SLACK` (the row is the widest so far: every row before it would be padded to its length). Each batch
+        keeps its rows in the call's order, so a call that fits one batch and needs no split runs exactly as
+        without a limit, random draws at a temperature above 0 included.
         """
         size = self.max_batch_size
         last = len(rows) - (len(rows) - 1) // size * size  # the rows of the last, smallest batch by count

@@ -83,8 +83,8 @@ def prefill_apart(
     `input_ids`, `positions` (rows, width) and `attention` (rows, past + width) are the single pass's, `lengths`
     each row's fresh tokens, `matches` each row's reused past, `reserve` the cache's room in columns. A group
     attends only over its own columns: its widest reused past and its own fresh part, not the columns that are
-    padding for all its rows (a third of the attention's work in the tail's scorings, where a planner's short past
-    shares a batch with executors' long ones). Each row sees the same keys, positions and mask as in one padded
+    padding for all its rows (a planner's short past shares a batch with executors' long ones; measured in
+    docs/results/main-job.md). Each row sees the same keys, positions and mask as in one padded
     pass; the numbers differ from it only by float rounding, as between any two batchings.
     """
     n, width = input_ids.shape
