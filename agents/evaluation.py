@@ -15,8 +15,9 @@ A model is None or "smollm2-135m" (the bundled SmolLM2-135M-Instruct), a local d
 loaded ``(model, tokenizer)`` pair. Scores come from `envs.rewards` only. Per question: ``em``, ``f1``,
 ``answered`` (the episode ended with a valid <answer>), ``format``, ``num_searches`` and ``invalid_actions`` (the
 share of the question's actions that were invalid; for direct and rag, 1 when the reply is not a valid <answer>).
-`metric_intervals` gives each one's mean and 95% interval over questions (`envs.stats`: Wilson's for the 0/1
-rates EM and valid answers, Student's t for the rest).
+`metric_intervals` gives each one's mean and 95% interval over questions (`envs.stats`, `interval_method`: Wilson's for
+the 0/1 rates EM and valid answers, a seeded BCa bootstrap for the scores in [0, 1], t clipped at 0 for the counts;
+`interval_caption` says so under a table).
 
     from agents.evaluation import evaluate
     result = evaluate("search_r1", "runs/red_grpo/final", "dev", limit=200)
@@ -40,12 +41,72 @@ AGENTS = ("direct", "rag", "search_r1", "coda", "oracle")
 METRICS = ("em", "f1", "answered", "format", "num_searches", "invalid_actions")
 """Per-question metrics, in table order."""
 RATES = frozenset({"em", "answered"})
-"""The metrics that are 0 or 1 per question (their intervals are Wilson's; the others' Student's t)."""
+"""The metrics that are 0 or 1 per question (their intervals are Wilson's)."""
+COUNTS = frozenset({"num_searches", "num_tasks"})
+"""The metrics that are counts per question, unbounded above (their intervals are Student's t, clipped at 0)."""
+
+
+def interval_method(name: str) -> str:
+    """The interval a metric's mean gets: "wilson" for `RATES`, "t" for `COUNTS`, "bootstrap" for a score in [0, 1]."""
+    return "wilson" if name in RATES else "t" if name in COUNTS else "bootstrap"
 
 
 def metric_intervals(predictions: list[dict[str, Any]], names: Sequence[str] = METRICS) -> dict[str, Interval]:
-    """Each metric's mean over the per-question `predictions` with its 95% interval (`RATES`: Wilson's, else t)."""
-    return {name: mean_ci([p[name] for p in predictions], method="wilson" if name in RATES else "t") for name in names}
+    """Each metric's mean over the per-question `predictions` with its 95% interval (`interval_method`)."""
+    return {name: mean_ci([p[name] for p in predictions], method=interval_method(name)) for name in names}
+
+
+def interval_caption() -> str:
+    """The sentence under a table of `metric_intervals`: which interval each column has."""
+    return (
+        "95% intervals over questions: Wilson's for EM and valid answers; a seeded BCa bootstrap (scipy.stats) for "
+        "F1, format and invalid actions; Student's t, clipped at 0, for searches and tasks per question. A column "
+        "constant over every question gets the rule-of-three bound (a count: the exact Poisson interval), never a "
+        "zero-width one."
+    )
+
+
+MAX_ERROR_RATE = 0.05
+"""The share of episodes whose sampler or retriever may fail before an evaluation fails instead of scoring them."""
+
+
+class EvaluationFailed(RuntimeError):
+    """The sampler or the retriever failed on more than the allowed share of an evaluation's episodes."""
+
+
+def error_counts(predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How many episodes met a sampler or a retriever error: ``{"episodes", "n", "sampler", "retriever", "first"}``
+    (episodes: with either; first: the first error's message, or None)."""
+    sampler = [p for p in predictions if p.get("sampler_errors", 0) > 0]
+    retriever = [p for p in predictions if p.get("retrieval_errors", 0) > 0]
+    errored = [p for p in predictions if p.get("sampler_errors", 0) > 0 or p.get("retrieval_errors", 0) > 0]
+    first = next((p.get("error") for p in errored if p.get("error")), None)
+    counts = {"episodes": len(errored), "n": len(predictions), "sampler": len(sampler), "retriever": len(retriever)}
+    return {**counts, "first": first}
+
+
+def check_errors(errors: dict[str, Any], max_error_rate: float = MAX_ERROR_RATE) -> None:
+    """Raise `EvaluationFailed` (one line: the cause, the count, the first error) when more than `max_error_rate` of
+    the episodes errored: a dead server scores zero on every question, which is no measurement of the model."""
+    n, k = errors["n"], errors["episodes"]
+    if n == 0 or k / n <= max_error_rate:
+        return
+    causes = " and ".join(f"the {name} in {errors[name]}" for name in ("sampler", "retriever") if errors[name])
+    raise EvaluationFailed(
+        f"the evaluation failed: {k} of {n} episodes ({k / n:.0%}) met errors, more than the {max_error_rate:.0%} "
+        f"allowed ({causes}); the first: {errors['first'] or 'no message'}"
+    )
+
+
+def errors_line(results: Sequence[dict[str, Any]], labels: Sequence[str] | None = None) -> str:
+    """The line under a table that says how many episodes met sampler or retriever errors, per result (a result
+    without ``errors``, read from an older file, is counted from its predictions)."""
+    parts = []
+    for i, result in enumerate(results):
+        c = result.get("errors") or error_counts(result.get("predictions", ()))
+        causes = f" (sampler {c['sampler']}, retriever {c['retriever']})" if c["episodes"] else ""
+        parts.append(f"{labels[i] + ' ' if labels else ''}{c['episodes']} of {c['n']}{causes}")
+    return f"Episodes with sampler or retriever errors: {', '.join(parts)}."
 
 
 DIRECT_INSTRUCTIONS = (
@@ -80,6 +141,7 @@ def evaluate(
     sampler: str = "hf",
     sampler_url: str | None = None,
     served_model: str | None = None,
+    max_error_rate: float | None = MAX_ERROR_RATE,
 ) -> dict[str, Any]:
     """Run one agent over the first `limit` questions of a split (or its `indices`) and score it.
 
@@ -100,11 +162,13 @@ def evaluate(
         out, progress, device: a JSON-lines file for the predictions, a progress bar, the model's torch device.
         sampler, sampler_url, served_model: what samples the replies (`agents.samplers.factory`): hf, vllm (over
             `model`, a directory or hub id) or openai (a server at `sampler_url` serving `served_model`).
+        max_error_rate: raise `EvaluationFailed` (`check_errors`, after writing `out`) when more than this share of
+            the episodes met a sampler or retriever error; None: never (the caller checks a pooled count).
 
     Returns:
-        `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "env",
-        "predictions"}`: `metrics[name]` is `{"mean", "low", "high", "n"}` for each of `METRICS`, `env` the env
-        played (``{"id", "kwargs"}``) and `predictions` the per-question records (also written to `out`).
+        `{"agent", "model", "dataset", "split", "n", "seed", "temperature", "wall_s", "metrics", "errors", "env",
+        "predictions"}`: `metrics[name]` is `Interval.as_dict()` for each of `METRICS`, `errors` the `error_counts`,
+        `env` the env played (``{"id", "kwargs"}``), `predictions` the per-question records (also written to `out`).
     """
     _check_arguments(agent_name, batch)
     if env_id is None:
@@ -123,18 +187,15 @@ def evaluate(
     for env in env_list:
         env.close()
     wall = time.perf_counter() - start  # the episodes' time: the model, the envs and their searches
-    if out is not None:
-        _write_lines(Path(out), predictions)
+    _write_and_check(out, predictions, max_error_rate)
+    played = {"agent": agent_name, "model": _model_name(model), "dataset": dataset, "split": split, "n": len(indices)}
     return {
-        "agent": agent_name,
-        "model": _model_name(model),
-        "dataset": dataset,
-        "split": split,
-        "n": len(indices),
+        **played,
         "seed": seed,
         "temperature": temperature,
         "wall_s": wall,
         "metrics": {name: interval.as_dict() for name, interval in metric_intervals(predictions).items()},
+        "errors": error_counts(predictions),
         "env": {"id": env_id, "kwargs": {k: v if _plain(v) else repr(v) for k, v in (env_kwargs or {}).items()}},
         "predictions": predictions,
     }
@@ -145,6 +206,14 @@ def _check_arguments(agent_name: str, batch: int) -> None:
         raise ValueError(f"unknown agent {agent_name!r}; choose one of {', '.join(AGENTS)}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+
+
+def _write_and_check(out: str | os.PathLike | None, predictions: list[dict[str, Any]], max_rate: float | None) -> None:
+    """Write the predictions to `out` (if given), then fail when too many episodes errored (see them in `out`)."""
+    if out is not None:
+        _write_lines(Path(out), predictions)
+    if max_rate is not None:
+        check_errors(error_counts(predictions), max_rate)
 
 
 def _write_lines(path: Path, records: list[dict[str, Any]]) -> None:
@@ -297,13 +366,14 @@ def _answer_directly(
     with _bar(len(examples), agent_name, progress) as bar:
         for lo in range(0, len(examples), batch):
             chunk = examples[lo : lo + batch]
-            prompts, contexts = [], []
+            prompts, contexts, failures = [], [], {}
             for example in chunk:
                 if retriever is None:
                     system, user = DIRECT_INSTRUCTIONS, f"Question: {example.question}"
                     titles: list[str] = []
                 else:
-                    passages = retriever.search(example.question, top_k)
+                    passages, failure = _search(retriever, example.question, top_k)
+                    failures[len(contexts)] = failure
                     titles = [p.title for p in passages]
                     system = RAG_INSTRUCTIONS
                     user = f"Documents:\n{format_passages(passages, max_passage_words)}\n\nQuestion: {example.question}"
@@ -332,10 +402,21 @@ def _answer_directly(
                         "retrieved_titles": titles,
                         "reply": completion.text,
                         "finish_reason": completion.finish_reason,
+                        "sampler_errors": int(completion.finish_reason == "error"),
+                        "retrieval_errors": int(failures.get(i) is not None),
+                        "error": completion.error or failures.get(i),
                     }
                 )
             bar.update(len(chunk))
     return predictions
+
+
+def _search(retriever: Any, query: str, k: int) -> tuple[list[Any], str | None]:
+    """The passages for `query`, or none and the failure's message (a dead server counts as an errored episode)."""
+    try:
+        return retriever.search(query, k), None
+    except Exception as err:
+        return [], f"{type(err).__name__}: {err}"
 
 
 def _run_agent(
@@ -392,6 +473,7 @@ def _run_agent(
                         "num_actions": len(trajectory.actions),
                         "sampled_tokens": sum(g.num_sampled for g in trajectory.generations),
                         "sampler_errors": int(info.get("sampler_errors", 0)),
+                        "error": info.get("sampler_error") or info.get("retrieval_error"),
                         "context_overflow": bool(info.get("context_overflow", False)),
                         "actions": list(trajectory.actions),
                     }
@@ -401,7 +483,8 @@ def _run_agent(
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table: one row per result of `evaluate`, mean [95% CI] per metric, and wall time."""
+    """A Markdown table: one row per result of `evaluate`, mean [95% CI] per metric, and wall time; under it which
+    interval each column has and how many episodes met sampler or retriever errors."""
     header = "| agent | model | n | " + " | ".join(METRICS) + " | wall (s) |"
     lines = [header, "|" + "---|" * (len(METRICS) + 4)]
     for result in results:
@@ -414,4 +497,4 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
             + " | ".join(cells)
             + f" | {result['wall_s']:.0f} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", interval_caption(), errors_line(results)])

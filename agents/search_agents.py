@@ -95,6 +95,8 @@ class _Slot:
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     sampler_errors: int = 0
+    sampler_error: str | None = None
+    """The first sampler error's message."""
 
 
 def _row_seed(turn_seed: int, group_id: int, member: int) -> int:
@@ -213,6 +215,7 @@ class ContextAgent:
     def _apply(self, slot: _Slot, completion: Completion) -> None:
         if completion.finish_reason == "error":
             slot.sampler_errors += 1  # recorded; the env sees the empty action as an invalid turn
+            slot.sampler_error = slot.sampler_error or completion.error
         slot.context.add_sample(completion)
         action = completion.text
         slot.actions.append(action)
@@ -240,7 +243,11 @@ class ContextAgent:
         slot.closed.extend(context.freeze() for context in reversed(slot.parked))
         for context in (slot.context, *slot.parked):
             self._release(context)
-        slot.reward, slot.info, slot.done = reward, {**info, "sampler_errors": slot.sampler_errors}, True
+        errors = {
+            "sampler_errors": slot.sampler_errors,
+            **({"sampler_error": slot.sampler_error} if slot.sampler_error else {}),
+        }
+        slot.reward, slot.info, slot.done = reward, {**info, **errors}, True
 
     def _release(self, context: _Context) -> None:
         """Tell the context's sampler that it will not be extended again (if the sampler keeps state for it)."""

@@ -9,9 +9,11 @@ depend only on those settings, so they are cached (``cache_root()/eval/``) and c
     python -m algos.red_grpo                # prints the table; writes eval.json, eval.md and curves.png
 
 The table: EM, F1, the valid-answer rate (episodes ended by a valid <answer>), searches per question, and for
-CoDA the planner's tasks per episode, each with its 95% interval over questions (Wilson's for the rates EM and
-valid answers, t for the rest). ``curves.png`` plots reward, F1, valid-answer rate and the SFT weight per
-training step from metrics.jsonl (each step and a 10-step mean), with the held-out scores beside the rollouts':
+CoDA the planner's tasks per episode, each with its 95% interval over questions; under it, which interval each
+column has (`agents.evaluation.interval_caption`) and how many episodes met sampler or retriever errors (more than
+5% of them fail the evaluation instead: `agents.evaluation.EvaluationFailed`). ``curves.png`` plots reward, F1,
+valid-answer rate and the SFT weight per training step from metrics.jsonl (each step and a 10-step mean), with the
+held-out scores beside the rollouts':
 the starting and the final model's, and each kept checkpoint's on the validation questions.
 """
 
@@ -84,7 +86,12 @@ def validation_settings(config: Any, questions: Sequence[int]) -> dict[str, Any]
 
 
 def score_held_out(
-    model: Any, config: Any, *, label: str | None = None, validation: Sequence[int] | None = None
+    model: Any,
+    config: Any,
+    *,
+    label: str | None = None,
+    validation: Sequence[int] | None = None,
+    max_error_rate: float | None = None,
 ) -> dict[str, Any]:
     """Score one model on the held-out questions of `config`, greedily, in its training env.
 
@@ -93,12 +100,17 @@ def score_held_out(
         config: the run's `Config`: `held_out_settings` decides everything but the weights.
         label: the result's ``model`` field (default: the evaluator's name for `model`).
         validation: score these questions of the training split instead (`validation_settings`).
+        max_error_rate: the share of episodes that may meet sampler or retriever errors (None:
+            `agents.evaluation.MAX_ERROR_RATE`), checked over every rank's episodes together.
 
     Returns:
-        An `agents.evaluation.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n"}``; CoDA
-        also gets ``num_tasks``), with ``settings`` added.
+        An `agents.evaluation.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n", "method"}``;
+        CoDA also gets ``num_tasks``), with ``settings`` added.
+
+    Raises:
+        agents.evaluation.EvaluationFailed: more than `max_error_rate` of the episodes errored (on every rank).
     """
-    from agents.evaluation import evaluate
+    from agents.evaluation import MAX_ERROR_RATE, check_errors, error_counts, evaluate
     from algos import distributed
 
     if validation is None:  # the held-out split's first N questions (as many as it has)
@@ -122,10 +134,13 @@ def score_held_out(
         env_kwargs=settings["env_kwargs"],
         max_context_tokens=settings["max_context_tokens"],
         progress=config.progress and world.is_main,
+        max_error_rate=None,  # checked below over every rank's episodes, so that all ranks raise or none
     )
     if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
         result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
         result["n"] = len(result["predictions"])
+    result["errors"] = error_counts(result["predictions"])
+    check_errors(result["errors"], MAX_ERROR_RATE if max_error_rate is None else max_error_rate)
     if label is not None:
         result["model"] = label
     result["metrics"] = _metrics(result["predictions"], settings["agent"])
@@ -206,7 +221,9 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
 
 
 def format_before_after(before: dict[str, Any], after: dict[str, Any], config: Any) -> str:
-    """The before/after table in Markdown: one row per model, mean [95% CI] per metric."""
+    """The before/after table in Markdown: one row per model, mean [95% CI] per metric; under it, which interval
+    each column has and how many episodes met sampler or retriever errors."""
+    from agents.evaluation import errors_line, interval_caption
     from envs.stats import Interval
 
     names = [m for m in TABLE_METRICS if m in after["metrics"] and m in before["metrics"]]
@@ -220,7 +237,7 @@ def format_before_after(before: dict[str, Any], after: dict[str, Any], config: A
     for label, result in (("before (start)", before), ("after (trained)", after)):
         cells = [Interval(**result["metrics"][m]).format(2 if m.startswith("num_") else 3) for m in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", interval_caption(), errors_line([before, after], ["before", "after"])])
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from agents.evaluation import EvaluationFailed
 from algos import distributed, run_control
 from algos.checkpoint import CheckpointWriteError, find_latest
 from algos.cli import parse_config
@@ -41,7 +42,8 @@ def main(
 
     A fault ends the process with one line: exit status 2 for settings, data files and a run directory that cannot
     be used (holding another run's checkpoints, or locked by a run in progress: `run_control.lock_run_dir`), 1 for
-    the rest (a full or read-only disk among them, with the checkpoint to resume from). SIGTERM or Ctrl-C stops
+    the rest (a full or read-only disk among them, with the checkpoint to resume from; a held-out evaluation whose
+    sampler or retriever failed on more than 5% of its episodes). SIGTERM or Ctrl-C stops
     after the step under way with a checkpoint of it and one line that says how to resume; the exit status is then
     143 or 130 (`run_control.StopSignals`).
 
@@ -77,7 +79,7 @@ def main(
             _stop_with(err, command, show=True)
         try:
             return trainer.train()
-        except TrainingStopped as err:
+        except (TrainingStopped, EvaluationFailed) as err:  # EvaluationFailed: the held-out scoring's server failed
             _exit_with(err, 1)
         except CheckpointWriteError as err:  # a full or read-only disk: the checkpoints written before it are intact
             latest = find_latest(trainer.checkpoint_dir)

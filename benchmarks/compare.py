@@ -17,7 +17,8 @@ minus every other; else the first system minus the rest.
 `--out` receives table.md and table.csv (mean and 95% CI across seeds, the paired tests, one line per run), the
 learning curves, report.json, `runs/` and `evals/` (`benchmarks.compare_runs` trains and scores,
 `benchmarks.compare_report` writes; docs/results/comparison.md lists every file). An interrupted comparison
-resumes: finished runs and evaluations are kept, an unfinished training continues from its checkpoint.
+resumes: finished runs and evaluations are kept, an unfinished training continues from its checkpoint. An
+evaluation whose sampler or retriever errs on more than `--max-error-rate` of its episodes (5%) ends it with one line.
 Invocations side by side share the runs: each run is trained, then scored, by one of them at a time, and another
 that reaches it meanwhile skips it and names it as left out. `--report-only` trains and scores nothing.
 """
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agents.evaluation import MAX_ERROR_RATE, EvaluationFailed
 from benchmarks.compare_report import (
     TABLE_METRICS,
     paired_tests,
@@ -109,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every training and evaluation")
     parser.add_argument("--init-model", default=None, help="start every run (and the baseline) from this model")
     parser.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=MAX_ERROR_RATE,
+        help="fail (exit 1) when an evaluation's sampler or retriever errs on more than this share of episodes",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="train and evaluate nothing: the report over the runs already finished and scored (safe while others run)",
@@ -155,7 +163,7 @@ def _run_system(
                 continue
         summary.setdefault("tokens_sampled", metric_total(run_dir, "tokens/sampled"))
         try:
-            result = evaluate_run(name, summary["final_model"], budget, config, out / "evals")
+            result = evaluate_run(name, summary["final_model"], budget, config, out / "evals", args.max_error_rate)
         except ClaimedElsewhere as err:  # a stream beside this one scores it now
             print(f"[compare] skipped: {err}", flush=True)
             got.missing.append(name)
@@ -182,7 +190,7 @@ def _score_baseline(args: argparse.Namespace, budget: Budget, config: Any, out: 
 
         model = tiny_model(seed=0)
     try:
-        base = evaluate_run("untrained", model, budget, config, out / "evals")
+        base = evaluate_run("untrained", model, budget, config, out / "evals", args.max_error_rate)
     except ClaimedElsewhere as err:
         print(f"[compare] skipped: {err}", flush=True)
         got.missing.append("untrained")
@@ -212,7 +220,8 @@ def _header(args: argparse.Namespace, budget: Budget, config: Any, command: str,
         f"({budget.steps_for(args.protocol)} steps of preset {budget.preset}); "
         f"start model: {config.model or 'SmolLM2-135M-Instruct'}; "
         f"seeds: 0..{args.seeds - 1}; held-out: {held_out} HotpotQA dev questions, greedy. "
-        f"Mean over seeds [95% t-interval across seeds]. Command: `{command}`. Machine: {machine}. "
+        f"Mean over seeds [95% t-interval across seeds, clipped to the metric's range ([0, 1]; searches at 0); a "
+        f"metric equal in every seed gets the rule-of-three bound instead]. Command: `{command}`. Machine: {machine}. "
         f"Wall time of this invocation: {wall / 60:.1f} min (finished trainings and evaluations are read, not redone)."
     )
 
@@ -253,9 +262,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
 
     got = _Results()
-    for system in systems:
-        _run_system(system, args, budget, config, out, got)
-    _score_baseline(args, budget, config, out, got)
+    try:
+        for system in systems:
+            _run_system(system, args, budget, config, out, got)
+        _score_baseline(args, budget, config, out, got)
+    except EvaluationFailed as err:  # one line, exit 1: a dead server's zeros are no scores to report
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     if not got.evals:
         raise SystemExit(f"nothing finished in {out} to report (missing: {', '.join(got.missing)})")
     paired = paired_tests(got.evals, pairing_reference(list(got.evals)))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -84,16 +85,29 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
 
 
 def summary_row(name: str, evals: list[dict[str, Any]], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's row: each metric's mean over seeds with its 95% interval across seeds, and the episodes that
+    met sampler or retriever errors.
+
+    The interval is Student's t across the seeds' means, clipped to the metric's range ([0, 1]; a count at 0): with
+    a handful of seeds a bootstrap has a handful of distinct resamples and never reaches past the seeds' own spread.
+    One seed has no interval (NaN).
+    """
+    from agents.evaluation import COUNTS, error_counts
+
     row: dict[str, Any] = {"algorithm": name, "seeds": len(evals)}
     for metric in TABLE_METRICS:
         per_seed = [e["metrics"][metric]["mean"] for e in evals]
-        interval = mean_ci(per_seed) if len(per_seed) > 1 else None
+        bounds = (0.0, math.inf) if metric in COUNTS else (0.0, 1.0)
+        interval = mean_ci(per_seed, method="t", bounds=bounds) if len(per_seed) > 1 else None
         row[metric] = float(np.mean(per_seed))
         row[f"{metric}_low"] = interval.low if interval else float("nan")
         row[f"{metric}_high"] = interval.high if interval else float("nan")
     row["tokens_trained"] = float(np.mean([s["tokens_trained"] for s in summaries])) if summaries else 0.0
     row["train_wall_s"] = float(np.mean([s["wall_time_s"] for s in summaries])) if summaries else 0.0
     row["eval_wall_s"] = float(np.mean([e["wall_s"] for e in evals]))
+    errors = [e.get("errors") or error_counts(e["predictions"]) for e in evals]
+    row["errored_episodes"] = sum(c["episodes"] for c in errors)
+    row["episodes"] = sum(c["n"] for c in errors)
     return row
 
 
@@ -188,20 +202,24 @@ def write_tables(
         header,
         "",
         "| algorithm | seeds | EM | F1 | valid answers | searches/q | invalid actions/q | format "
-        "| tokens trained | train wall min |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens trained | train wall min | errored episodes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        errored = f"{row['errored_episodes']} of {row['episodes']}" if "episodes" in row else "-"
         lines.append(
             f"| {row['algorithm']} | {row['seeds']} | "
             + " | ".join(cell(row, m) for m in TABLE_METRICS)
-            + f" | {row['tokens_trained']:.0f} | {row['train_wall_s'] / 60:.1f} |"
+            + f" | {row['tokens_trained']:.0f} | {row['train_wall_s'] / 60:.1f} | {errored} |"
         )
+    lines += ["", "Errored episodes: those whose sampler or retriever failed, over every seed's evaluation."]
     if paired:
         lines += [
             "",
             f"Paired by question ({paired[0]['questions']} questions; each system's score on a question is the "
-            "mean over its seeds): difference, its 95% t-interval, and the two-sided sign-flip permutation p-value.",
+            "mean over its seeds): difference, its 95% BCa bootstrap interval over questions (seeded, inside "
+            "[-1, 1]), and the two-sided paired permutation p-value (scipy.stats.permutation_test, swaps within "
+            "each question's pair).",
             "",
             "| comparison | metric | difference [95% CI] | p |",
             "|---|---|---|---|",

@@ -329,11 +329,15 @@ def metric_total(run_dir: Path, key: str) -> float:
     return float(sum(r.get(key, 0.0) for r in run_metrics(run_dir)))
 
 
-def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Path) -> dict[str, Any]:
+def evaluate_run(
+    name: str, model: Any, budget: Budget, config: Any, out_dir: Path, max_error_rate: float | None = None
+) -> dict[str, Any]:
     """Evaluate one model on the held-out questions (cached in out_dir/<name>.json), in the runs' training env.
 
     The env settings, tokens per turn and context length come from the runs' `Config` through
-    `algos.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses.
+    `algos.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses. More than
+    `max_error_rate` of the episodes with sampler or retriever errors (None: 5%) raise
+    `agents.evaluation.EvaluationFailed`, and nothing is cached.
     """
     from algos.evaluation import score_held_out
 
@@ -348,7 +352,7 @@ def evaluate_run(name: str, model: Any, budget: Budget, config: Any, out_dir: Pa
         held_out = dataclasses.replace(
             config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
         )
-        result = score_held_out(model, held_out)
+        result = score_held_out(model, held_out, max_error_rate=max_error_rate)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, ensure_ascii=False))
         os.replace(tmp, target)

@@ -20,8 +20,9 @@ single settings. The names of earlier versions (``--batch``, ``--max-turns``: tu
 
 Agents act greedily unless ``--temperature`` is set. ``--model`` is None or "smollm2-135m" (the bundled
 SmolLM2-135M-Instruct), a local directory (e.g. a trained checkpoint) or a Hugging Face id. It prints each
-metric's mean and 95% interval over questions (Wilson's for the 0/1 rates EM and valid answers, Student's t for
-the rest); ``--out`` writes one JSON line per question.
+metric's mean and 95% interval over questions (`agents.evaluation.interval_caption` says which) and how many
+episodes met sampler or retriever errors; more than ``--max-error-rate`` of them (default 5%) end it with one line
+and exit status 1 instead. ``--out`` writes one JSON line per question.
 """
 
 from __future__ import annotations
@@ -29,12 +30,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.evaluation import AGENTS, METRICS, env_settings, evaluate
+from agents.evaluation import (
+    AGENTS,
+    MAX_ERROR_RATE,
+    METRICS,
+    EvaluationFailed,
+    env_settings,
+    errors_line,
+    evaluate,
+    interval_caption,
+)
 from envs.stats import Interval
 
 
@@ -150,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
         "--sampler-url", default=None, help="openai: the server's API root, e.g. http://127.0.0.1:8000/v1"
     )
     parser.add_argument("--served-model", default=None, help="openai: the model name the server expects (--model)")
+    parser.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=MAX_ERROR_RATE,
+        help="fail (exit 1) when more than this share of the episodes meet sampler or retriever errors (0.05)",
+    )
     parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
     parser.add_argument(
         "--result", default=None, help="write the whole result here (JSON), as benchmarks.first_search reads it"
@@ -231,6 +248,8 @@ def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -
     for name in METRICS:
         interval = Interval(**result["metrics"][name])
         print(f"  {name:<16} {interval.format(3)}")
+    print(interval_caption())
+    print(errors_line([result]))
     if args.out:
         print(f"wrote {result['n']} predictions to {args.out}")
     if args.result:
@@ -254,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
     if args.first and args.limit is None:
         parser.error("--first needs --limit (how many questions from there)")
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
     if args.threads:
         import torch
 
@@ -265,8 +286,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         target = _run_target(args, parser, config_file, flags)
     else:
         target = _flag_target(args, parser, flags)
+    try:
+        result = _evaluate(args, target)
+    except EvaluationFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    _report(args, target, result)
+    return result
+
+
+def _evaluate(args: argparse.Namespace, target: _Target) -> dict[str, Any]:
+    """`agents.evaluation.evaluate` over the resolved target with the command line's settings."""
     model = None if target.model in ("None", "none") else target.model
-    result = evaluate(
+    return evaluate(
         target.agent,
         model,
         target.split,
@@ -286,9 +318,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sampler_url=args.sampler_url,
         served_model=args.served_model,
         indices=range(args.first, args.first + args.limit) if args.first else None,
+        max_error_rate=args.max_error_rate,
     )
-    _report(args, target, result)
-    return result
 
 
 if __name__ == "__main__":

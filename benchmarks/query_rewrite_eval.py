@@ -7,10 +7,10 @@ For each of the first ``--limit`` questions of the split, the model writes one a
 context agent and ``</query>`` stop as `algos.ppo`'s training rollouts) in RedCoda-QueryRewrite-v0; the
 env's recall@5 (BM25 over the bundled corpus) is the score, 0 for an action without a valid ``<query>``
 (``--action-format raw``: the env's raw format, where the whole reply is the query).
-The baseline sends each question itself as the query. Prints one JSON object: both means with 95%
-t-intervals, the share of valid actions, a few sample queries and the per-question recalls; with
-``--compare`` (an earlier run's ``--out`` file on the same questions) also the paired difference of the
-model's recall, this run minus that one, with its 95% t-interval.
+The baseline sends each question itself as the query. Prints one JSON object: both means with 95% BCa
+bootstrap intervals (`envs.stats`, inside [0, 1]), the share of valid actions, a few sample queries and the
+per-question recalls; with ``--compare`` (an earlier run's ``--out`` file on the same questions) also the paired
+difference of the model's recall, this run minus that one, with its 95% bootstrap interval (inside [-1, 1]).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from envs.stats import mean_ci
+from envs.stats import mean_ci, paired_difference
 
 
 def evaluate(
@@ -72,7 +72,7 @@ def evaluate(
 
     def ci(values: Sequence[float]) -> dict[str, float]:
         interval = mean_ci(values)
-        return {"mean": interval.mean, "low": interval.low, "high": interval.high, "n": len(values)}
+        return interval.as_dict()
 
     return {
         "model": model or "smollm2-135m",
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             earlier = json.load(handle)["per_question_model"]
         if len(earlier) != len(result["per_question_model"]):
             raise ValueError(f"{args.compare} scores {len(earlier)} questions, this run {result['questions']}")
-        diff = mean_ci([a - b for a, b in zip(result["per_question_model"], earlier, strict=True)])
+        diff = paired_difference(result["per_question_model"], earlier)
         result["paired_difference_vs_compare"] = {"mean": diff.mean, "low": diff.low, "high": diff.high}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:

@@ -1,4 +1,4 @@
-"""The evaluation harness and its confidence intervals (tiny model, real BM25, bundled dev questions)."""
+"""The evaluation harness (tiny model, real BM25, bundled dev questions); its intervals: tests/test_stats.py."""
 
 from __future__ import annotations
 
@@ -8,67 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.evaluation import METRICS, evaluate, extract_answer, format_table, metric_intervals
-from envs.stats import (
-    bootstrap_interval,
-    mean_ci,
-    paired_difference,
-    paired_permutation_p,
-    t_interval,
-    t_quantile,
-    wilson_interval,
-)
-
-
-@pytest.mark.parametrize(("df", "expected"), [(1, 12.706204736), (3, 3.182446305), (30, 2.042272456)])
-def test_t_quantile_matches_published_values(df, expected):
-    # t_{0.975, df} from standard tables (exact to 9 decimals); the earlier series approximation was 4e-3 off at df=3
-    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-8)
-    assert t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-8)
-
-
-def test_intervals_cover_the_mean_and_shrink_with_n():
-    rng = np.random.default_rng(0)
-    small, large = rng.random(20), rng.random(2000)
-    for interval in (t_interval(small), bootstrap_interval(small), mean_ci(large)):
-        assert interval.low < interval.mean < interval.high
-    assert mean_ci(large).half_width < mean_ci(small).half_width
-    assert t_interval([0.5]).half_width == 0 and mean_ci([1.0, 1.0, 1.0]).half_width == 0
-    same = paired_difference([1.0, 0.0, 1.0], [1.0, 0.0, 1.0])
-    assert same.mean == same.low == same.high == 0
-    with pytest.raises(ValueError):
-        mean_ci([])
-    with pytest.raises(ValueError):
-        mean_ci([1.0], method="wald")
-
-
-def test_a_rate_gets_wilsons_interval_inside_zero_and_one():
-    answered = [1.0] * 98 + [0.0] * 2
-    wilson = wilson_interval(answered)
-    # Wilson's score interval for 98 of 100 (the textbook values; t would reach 1.008)
-    assert (round(wilson.low, 4), round(wilson.high, 4)) == (0.9300, 0.9945)
-    assert t_interval(answered).high > 1
-    assert mean_ci(answered, method="wilson") == wilson
-    none = mean_ci([0.0] * 100, method="wilson")  # 0 of 100 is not certain: the interval has width
-    assert none.low == 0 and 0.03 < none.high < 0.04
-    assert mean_ci([0.0, 0.5, 1.0]) == t_interval([0.0, 0.5, 1.0])  # F1 keeps the t interval
-    # one search on every question is a count, not a rate: no interval around it
-    searches = metric_intervals([{"num_searches": 1, "answered": 1.0}] * 50, ["num_searches", "answered"])
-    assert searches["num_searches"].low == searches["num_searches"].high == 1
-    assert searches["answered"].low < 1
-    with pytest.raises(ValueError, match="0 or 1"):
-        wilson_interval([0.5, 1.0])
-
-
-def test_the_paired_permutation_p_value_matches_the_exact_sign_flip_count():
-    # 4 equal positive differences: only "all +" and "all -" of the 16 sign patterns are as extreme (p = 1/8)
-    assert paired_permutation_p([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]) == pytest.approx(0.125, abs=0.01)
-    assert paired_permutation_p([0.3, 0.7], [0.3, 0.7]) == 1.0  # no difference at all
-    rng = np.random.default_rng(1)
-    base = rng.random(200)
-    assert paired_permutation_p(base + 0.1, base + rng.normal(0, 0.05, 200)) < 0.001
-    with pytest.raises(ValueError):
-        paired_permutation_p([1.0], [1.0, 0.0])
+from agents.evaluation import METRICS, evaluate, extract_answer, format_table
 
 
 def test_answers_are_extracted_from_tags_or_taken_whole():
