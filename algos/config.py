@@ -26,7 +26,15 @@ from typing import Annotated, Literal
 import tyro
 
 from algos.presets import PRESETS
-from algos.setting_checks import at_least, check_finite, check_rules, instruction_words, positive, within
+from algos.setting_checks import (
+    at_least,
+    check_finite,
+    check_rules,
+    check_sampler,
+    instruction_words,
+    positive,
+    within,
+)
 
 PresetName = Literal["gpu", "cpu", "tiny"]
 AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft", "ppo", "archer"]
@@ -170,6 +178,8 @@ class Config:
     up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
     vllm_gpu_memory_utilization: float = 0.4
     """vllm: share of the GPU's memory the engine may take (weights and KV cache); the rest is the trainer's."""
+    max_sampler_error_rate: float = 0.1
+    """Stop the run when more than this share of a step's episodes had a failed generation (1: never)."""
     sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
     graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding
@@ -215,6 +225,8 @@ class Config:
     """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO)."""
     old_logp: Literal["auto", "sampler", "recompute"] = "auto"
     """Old log-probs: the sampler's, or recomputed with the training model; auto recomputes under bf16 and with vllm."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: each token's pg term times min(exp(old_logp - sampler_logp), this); None: off."""
     kl_coef: float = 0.0
     """Coefficient of the KL penalty to the frozen initial model (0: off, no reference model kept)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -361,18 +373,7 @@ class Config:
                 "--fsdp with --no-context-grad: not supported (its two passes through the sharded decoder are not "
                 "tested under FSDP2); add --context-grad"
             )
-        if self.sampler == "openai":
-            raise ValueError(
-                "--sampler openai cannot receive the trained weights, so it cannot train: train with --sampler hf or "
-                "vllm; evaluate a served model with `python -m benchmarks.evaluate --sampler openai --sampler-url URL`"
-            )
-        if self.sampler == "vllm" and self.old_logp == "sampler":
-            raise ValueError(
-                "--old-logp sampler with --sampler vllm: the engine's log-probs come from other kernels (and, between "
-                "weight pushes, older weights) than the trainer's; use --old-logp auto or recompute"
-            )
-        if self.sampler == "vllm" and self.model == "tiny":
-            raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")
+        check_sampler(self)
         if self.fsdp and self.lora:
             raise ValueError(
                 "--fsdp with --lora: not supported (the final model's LoRA merge needs the whole model on one "
@@ -512,7 +513,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "model and sampler": (
         "model", "device", "bf16", "lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
         "param_dtype", "memory_check", "max_context_tokens", "sampler", "sampler_batch_size", "sampler_decode",
-        "sync_weights_every", "vllm_gpu_memory_utilization",
+        "sync_weights_every", "vllm_gpu_memory_utilization", "max_sampler_error_rate",
     ),
     "optimisation": (
         "steps", "max_train_minutes", "lr", "lr_schedule", "weight_average", "weight_decay", "adam_betas", "grad_clip",
@@ -520,8 +521,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "RL": (
         "questions_per_step", "group_size", "tie_probe_questions", "max_new_tokens", "temperature", "top_p",
-        "clip_eps", "clip_eps_high", "advantage_std_scale", "skip_zero_advantage", "old_logp", "kl_coef",
-        "kl_estimator", "recall_reward",
+        "clip_eps", "clip_eps_high", "advantage_std_scale", "skip_zero_advantage", "old_logp", "tis_cap",
+        "kl_coef", "kl_estimator", "recall_reward",
     ),
     "SFT weighting": (
         "sft_coef", "red_max_factor", "red_decay", "red_use_accuracy", "sft_batch_size", "sft_planner_share", "sft_mix",
@@ -557,6 +558,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("retriever_timeout", positive, "> 0"),
     ("retriever_retries", at_least(0), ">= 0"),
     ("max_retrieval_error_rate", within(0, 1), "in [0, 1]"),
+    ("max_sampler_error_rate", within(0, 1), "in [0, 1]"),
     ("questions_per_step", at_least(1), ">= 1"),
     ("tie_probe_questions", at_least(1), ">= 1"),
     ("max_train_minutes", positive, "> 0"),
@@ -582,6 +584,7 @@ _RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("update_epochs", at_least(1), ">= 1"),
     ("clip_eps", positive, "> 0"),
     ("clip_eps_high", positive, "> 0"),
+    ("tis_cap", positive, "> 0 (or None: no importance weights)"),
     ("kl_coef", at_least(0), ">= 0"),
     ("sft_coef", at_least(0), ">= 0"),
     ("sft_planner_share", lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),

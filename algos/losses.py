@@ -37,7 +37,9 @@ __all__ = [
     "kl_penalty",
     "masked_mean",
     "policy_loss",
+    "sampler_mismatch",
     "sft_loss",
+    "tis_weights",
     "total_loss",
 ]
 
@@ -108,11 +110,13 @@ def policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     num_tokens: float | Tensor | None = None,
+    is_weight: Tensor | None = None,
 ) -> TensorDict:
     """Clipped token-level policy-gradient loss (PPO/GRPO), averaged over masked tokens.
 
     Per token, with ``r = exp(logp - old_logp)``: ``max(-adv * r, -adv * clip(r, 1 - clip_eps,
-    1 + clip_eps_high))``; then the masked token mean (see the module docstring).
+    1 + clip_eps_high))``, times the token's importance weight when one is given (`tis_weights`); then the
+    masked token mean (see the module docstring).
 
     Args:
         logp: Log-probs of the taken tokens under the current policy, ``(N, L)``, differentiable.
@@ -123,6 +127,8 @@ def policy_loss(
         clip_eps_high: Upper clip, ratio ceiling ``1 + clip_eps_high``; None uses ``clip_eps``
             (DAPO's clip-higher sets it larger, e.g. 0.28).
         num_tokens: Divisor instead of ``mask.sum()`` (see `masked_mean`).
+        is_weight: Per-token weights ``(N, L)`` of a sampler that is not the policy ``old_logp`` came from
+            (truncated importance sampling, `tis_weights`); treated as constants. None: all 1.
 
     Returns:
         A TensorDict (batch size ``[]``) with ``loss_pg`` (differentiable scalar), ``clip_fraction``
@@ -138,12 +144,66 @@ def policy_loss(
     ratio = log_ratio.exp()  # (N, L)
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    loss_pg = masked_mean(torch.maximum(pg_unclipped, pg_clipped), mask, num_tokens)
+    per_token = torch.maximum(pg_unclipped, pg_clipped)  # (N, L)
+    if is_weight is not None:
+        per_token = per_token * is_weight.detach().to(per_token.dtype)
+    loss_pg = masked_mean(per_token, mask, num_tokens)
     with torch.no_grad():
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(logp.dtype)
         clip_fraction = masked_mean(outside, mask)
         approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
     return TensorDict({"loss_pg": loss_pg, "clip_fraction": clip_fraction, "approx_kl": approx_kl}, batch_size=[])
+
+
+def sampler_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far a sampler's log-probs are from the trainer's on the tokens the sampler drew.
+
+    With ``d = old_logp - sampler_logp`` per masked token (the trainer's minus the sampler's): the mean ``|d|``, and
+    the k3 estimate ``mean(exp(d) - d - 1)`` of KL(sampler || trainer), unbiased and >= 0 because the tokens were
+    drawn from the sampler. Tokens whose sampler log-prob is not finite (a backend that returned none) are left out
+    and counted.
+
+    Args:
+        old_logp: The trainer's log-probs of the sampled tokens ``(N, L)``.
+        sampler_logp: The sampler's ``(N, L)``.
+        mask: ``(N, L)``, nonzero on sampled tokens.
+
+    Returns:
+        ``mismatch/logp_abs_diff``, ``mismatch/kl`` and ``mismatch/missing`` (share of tokens left out).
+    """
+    keep = mask.bool()
+    finite = keep & torch.isfinite(sampler_logp)
+    d = torch.where(finite, old_logp.detach().float() - sampler_logp.float(), torch.zeros(()))
+    count = int(finite.sum())
+    if count == 0:
+        return {"mismatch/logp_abs_diff": float("nan"), "mismatch/kl": float("nan"), "mismatch/missing": 1.0}
+    return {
+        "mismatch/logp_abs_diff": float(d.abs()[finite].mean()),
+        "mismatch/kl": float((d.exp() - d - 1.0)[finite].mean()),
+        "mismatch/missing": 1.0 - count / max(int(keep.sum()), 1),
+    }
+
+
+def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights ``min(exp(old_logp - sampler_logp), cap)`` per sampled token, 0 off the mask.
+
+    The tokens were drawn by a sampler whose distribution differs slightly from the trainer's (other kernels, or
+    weights pushed a few updates ago); weighting each token's policy-gradient term by this ratio corrects the
+    expectation to the trainer's ``old_logp`` policy, and the cap bounds the variance (truncated importance sampling,
+    as in Ionides 2008 and the TIS of verl and TRL). A token without a finite sampler log-prob gets weight 1.
+
+    Args:
+        old_logp: The trainer's log-probs of the sampled tokens ``(N, L)``.
+        sampler_logp: The sampler's ``(N, L)``.
+        mask: ``(N, L)``, nonzero on sampled tokens.
+        cap: ``C``, the largest weight.
+
+    Returns:
+        ``(N, L)`` float weights, detached.
+    """
+    keep = mask.bool()
+    d = torch.where(keep & torch.isfinite(sampler_logp), old_logp.float() - sampler_logp.float(), torch.zeros(()))
+    return torch.where(keep, d.exp().clamp(max=cap), torch.zeros(())).detach()
 
 
 def kl_penalty(

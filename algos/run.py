@@ -228,7 +228,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
             )
         memory.check(found, capacity)
 
-    def push_weights(self, *, force: bool = False) -> None:
+    def push_weights(self, *, force: bool = False) -> float | None:
         """Hand the policy's current weights to a sampler that keeps its own copy (vLLM), after every
         ``sync_weights_every`` updates or when `force`d; nothing for the transformers sampler, which samples from the
         policy itself.
@@ -236,13 +236,18 @@ class TrainingRun(RunCheckpoints, RunFinish):
         Under ``--fsdp`` every rank calls this at the same step: the whole weights are gathered once (a collective)
         and each rank's engine gets them. A LoRA policy's adapter is merged into the weights for the push and taken
         out again, so the engine sees plain Hugging Face weight names.
+
+        Returns:
+            The push's seconds; 0.0 when this call had none to make, None for a sampler without weights of its own.
         """
         if not hasattr(self.sampler, "load_weights"):
-            return
+            return None
         if not force and self.step % self.config.sync_weights_every:
-            return
+            return 0.0
+        start = time.perf_counter()
         with self.full_weights(), _merged_lora(self.peft_model):
             self.collector.update_policy_weights_(list(_engine_weights(self.policy)))
+        return time.perf_counter() - start
 
     def sync_gradients(self) -> None:
         """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`).

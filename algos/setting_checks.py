@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["at_least", "check_finite", "check_rules", "instruction_words", "positive", "within"]
+__all__ = ["at_least", "check_finite", "check_rules", "check_sampler", "instruction_words", "positive", "within"]
 
 
 def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
@@ -59,3 +60,24 @@ def at_least(low: float) -> Callable[[float], bool]:
 def within(low: float, high: float) -> Callable[[float], bool]:
     """A rule of `check_rules`: in [low, high]."""
     return lambda value: low <= value <= high
+
+
+def check_sampler(config: Any) -> None:
+    """Raise ValueError when ``--sampler`` and the old log-prob settings cannot train together."""
+    if config.sampler == "openai":
+        raise ValueError(
+            "--sampler openai cannot receive the trained weights, so it cannot train: train with --sampler hf or "
+            "vllm; evaluate a served model with `python -m benchmarks.evaluate --sampler openai --sampler-url URL`"
+        )
+    if config.sampler == "vllm" and config.old_logp == "sampler":
+        raise ValueError(
+            "--old-logp sampler with --sampler vllm: the engine's log-probs come from other kernels (and, between "
+            "weight pushes, older weights) than the trainer's; use --old-logp auto or recompute"
+        )
+    if config.tis_cap is not None and not config.recompute_old_logp:
+        raise ValueError(
+            "--tis-cap with the sampler's own log-probs as old log-probs: every weight would be 1; add "
+            "--old-logp recompute (automatic with --sampler vllm and with --bf16)"
+        )
+    if config.sampler == "vllm" and config.model == "tiny":
+        raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")

@@ -41,7 +41,16 @@ from algos.batch import (
     token_logprobs_and_entropy,
     trim_rows,
 )
-from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, sft_loss, total_loss
+from algos.losses import (
+    entropy_estimate,
+    group_advantages,
+    kl_penalty,
+    policy_loss,
+    sampler_mismatch,
+    sft_loss,
+    tis_weights,
+    total_loss,
+)
 from algos.run import TrainingRun, TrainingStopped, lr_factor, make_weighting, sync
 from algos.sft_data import sample_indices
 from algos.threads import cpu_threads
@@ -76,6 +85,8 @@ class Rollouts:
     """RED's batch accuracy: the share of every rank's episodes whose answer has F1 > 0 (`answer_accuracy`)."""
     retrieval_error_rate: float
     """Share of the step's searches that failed."""
+    sampler_error_rate: float
+    """Share of the step's episodes with a failed generation."""
     started: float
     """`time.perf_counter` when the step began."""
     t_rollout: float
@@ -98,8 +109,9 @@ class Trainer(TrainingRun):
       0 contribute exactly 0; with ``skip_zero_advantage`` (and no KL term) they are left out of the forward pass,
       and clip_fraction and approx_kl are measured over the contexts that ran.
     - Old log-probs are the sampler's (the sampler shares the training model, so they are the current policy's up
-      to numerics); ``old_logp=recompute`` (default under bf16) scores them with the training model instead, as a
-      vLLM or bf16 sampler needs.
+      to numerics); ``old_logp=recompute`` (default under bf16 and with vLLM) scores them with the training model
+      instead, logs how far the sampler's were (``mismatch/*``) and, with ``tis_cap``, weighs each token's
+      policy-gradient term by its truncated importance weight (`algos.losses.tis_weights`).
     - The SFT minibatch (``sft_batch_size`` demonstrations, drawn by (seed, step): `sft_minibatch`) runs through
       one forward pass that gives its loss and the predictive entropy RED needs, measured on the weights before the
       update and handed to the rule after it.
@@ -142,6 +154,7 @@ class Trainer(TrainingRun):
             gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
             infos = [t.info for t in gathered]
             _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
+            sampler_error_rate = self.check_sampler(infos)  # likewise
 
             # advantages and old log-probs, before the update
             start = time.perf_counter()
@@ -162,6 +175,7 @@ class Trainer(TrainingRun):
             rl_entropy=rl_entropy,
             accuracy=answer_accuracy(gathered),
             retrieval_error_rate=retrieval_error_rate,
+            sampler_error_rate=sampler_error_rate,
             started=step_start,
             t_rollout=t_rollout,
             t_old_logp=t_old_logp,
@@ -195,8 +209,10 @@ class Trainer(TrainingRun):
         if "sft/entropy" in metrics:
             self.weighting.observe_sft_entropy(metrics["sft/entropy"])
         self.step += 1
-        self.push_weights()  # a sampler with its own copy of the weights (vLLM) gets the updated ones
+        pushed = self.push_weights()  # a sampler with its own copy of the weights (vLLM) gets the updated ones
         timings = {"time/forward_backward": t_fwd_bwd, "time/optimizer": t_optimizer}
+        if pushed is not None:
+            timings["time/weight_push"] = pushed
         return self._step_metrics(rollouts, metrics, float(grad_norm), timings)
 
     def accumulate_gradients(
@@ -239,6 +255,7 @@ class Trainer(TrainingRun):
                 **rollouts.batch_metrics,
                 **{_LOGGED_AS.get(k, f"env/{k}"): _mean([e[k] for e in episodes if k in e]) for k in names},
                 "env/retrieval_error_rate": rollouts.retrieval_error_rate,
+                "train/sampler_error_rate": rollouts.sampler_error_rate,
                 "train/batch_accuracy": rollouts.accuracy,
                 "train/questions": len({t.group_id for t in rollouts.episodes}),
                 "train/episodes": len(rollouts.episodes),
@@ -252,7 +269,7 @@ class Trainer(TrainingRun):
                 "time/env_and_retrieval": rollouts.t_rollout - self.sampler.seconds,
                 "time/old_logp": rollouts.t_old_logp,
                 "time/forward_backward": t_fwd_bwd,
-                "time/optimizer": timings["time/optimizer"],
+                **{k: v for k, v in timings.items() if k != "time/forward_backward"},
                 "tokens/sampled": sampled,
                 "tokens/trained": trained,
                 "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
@@ -272,9 +289,10 @@ class Trainer(TrainingRun):
         adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
         batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
+        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
         if self.config.recompute_old_logp:
-            self._old_logp(batch)
-        return batch, {"critic/advantages/abs_mean": float(adv.abs().mean())}
+            metrics.update(self._old_logp(batch))
+        return batch, metrics
 
     def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
         """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
@@ -282,7 +300,14 @@ class Trainer(TrainingRun):
         mask = part["loss_mask"]  # (n, L-1)
         logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
         terms = policy_loss(
-            logp, part["old_logp"], part["adv"], mask, cfg.clip_eps, cfg.clip_eps_high, num_tokens=num_tokens
+            logp,
+            part["old_logp"],
+            part["adv"],
+            mask,
+            cfg.clip_eps,
+            cfg.clip_eps_high,
+            num_tokens=num_tokens,
+            is_weight=part.get("is_weight", None),  # --tis-cap: truncated importance weights (`_old_logp`)
         )
         if self.ref_model is not None:
             with torch.no_grad():
@@ -396,6 +421,23 @@ class Trainer(TrainingRun):
             )
         return errors, rate
 
+    def check_sampler(self, infos: Sequence[dict[str, Any]]) -> float:
+        """The share of a step's episodes in which a generation failed; stop the run when it passes
+        ``max_sampler_error_rate`` (an engine that cannot run the model would otherwise train on empty turns).
+
+        Raises:
+            TrainingStopped: too many episodes had a failed generation; names the first error.
+        """
+        failed = [i for i in infos if int(i.get("sampler_errors", 0)) > 0]
+        rate = len(failed) / len(infos) if infos else 0.0
+        if rate > self.config.max_sampler_error_rate:
+            raise TrainingStopped(
+                f"step {self.step + 1}: generation failed in {len(failed)} of {len(infos)} episodes ({rate:.0%}, over "
+                f"--max-sampler-error-rate {self.config.max_sampler_error_rate}); first failure: "
+                f"{failed[0].get('sampler_error', 'unknown')}. Check --sampler {self.config.sampler}"
+            )
+        return rate
+
     def sft_step(self) -> dict[str, float]:
         """One supervised step on oracle demonstrations alone: the warm start of ``python -m algos.sft``.
 
@@ -461,16 +503,26 @@ class Trainer(TrainingRun):
             return token_logprobs_and_entropy(model, ids, attn, micro_batch_size=len(ids), temperature=temperature)
         return token_logprobs(model, ids, attn, micro_batch_size=len(ids), temperature=temperature), None
 
-    def _old_logp(self, batch: TensorDict) -> None:
-        """Replace the sampler's log-probs by the training model's (no grad), micro-batched."""
-        old_logp = torch.zeros_like(batch["old_logp"])  # (N, T-1)
+    def _old_logp(self, batch: TensorDict) -> dict[str, float]:
+        """Replace the sampler's log-probs by the training model's (no grad), micro-batched; return how far apart the
+        two are (`sampler_mismatch`) and, with ``tis_cap``, set each token's truncated importance weight."""
+        sampler_logp = batch["old_logp"]  # (N, T-1): the sampler's
+        old_logp = torch.zeros_like(sampler_logp)  # (N, T-1)
         lengths = batch["attention_mask"].sum(-1).tolist()
         with torch.no_grad(), self.autocast():
             for rows in micro_batches(lengths, self.config.micro_batch_tokens):
                 part = self._rows(batch, rows)
                 logp, _ = self._logprobs(self.policy, part, temperature=self.config.temperature)  # (n, L-1)
                 old_logp[torch.tensor(rows), : logp.shape[1]] = logp.float().cpu()
-        batch["old_logp"] = torch.where(batch["loss_mask"], old_logp, torch.zeros_like(old_logp))
+        mask = batch["loss_mask"]
+        batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
+        found = sampler_mismatch(batch["old_logp"], sampler_logp, mask)
+        if self.config.tis_cap is not None:
+            batch["is_weight"] = tis_weights(batch["old_logp"], sampler_logp, mask, self.config.tis_cap)  # (N, T-1)
+            capped = (batch["is_weight"] >= self.config.tis_cap) & mask
+            found["mismatch/tis_weight_mean"] = float(batch["is_weight"][mask].mean()) if mask.any() else 1.0
+            found["mismatch/tis_capped_fraction"] = float(capped.sum() / mask.sum().clamp(min=1))
+        return found
 
     # --- seams for other learners (algos.ppo, algos.archer); the GRPO family has no modules of its own ------
     def init_learner(self) -> None:

@@ -16,7 +16,9 @@ from algos.losses import (
     kl_penalty,
     masked_mean,
     policy_loss,
+    sampler_mismatch,
     sft_loss,
+    tis_weights,
     total_loss,
 )
 
@@ -222,3 +224,37 @@ def test_total_loss_sums_loss_keys_only():
     assert total_loss({"loss_a": torch.tensor(1.0), "loss_b": torch.tensor(2.0), "kl": torch.tensor(9.0)}) == 3.0
     with pytest.raises(ValueError):
         total_loss({"kl": torch.tensor(1.0)})
+
+
+# --- a sampler that is not the trainer: mismatch and truncated importance sampling ---------------------------------
+
+
+def test_a_known_sampler_mismatch_gives_its_truncated_importance_weights_and_its_kl():
+    """Inject a known mismatch: the trainer's log-probs are the sampler's plus a chosen shift per token."""
+    sampler_logp = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.1, -0.2, -0.3, float("nan")]], dtype=torch.float64)
+    shift = torch.tensor([[0.0, math.log(1.5), math.log(4.0), 9.0], [-math.log(2.0), 0.1, 0.0, 0.0]])
+    old_logp = sampler_logp + shift
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)  # row 1's last token has no sampler value
+    weights = tis_weights(old_logp, sampler_logp, mask, cap=2.0)
+    expected = torch.tensor([[1.0, 1.5, 2.0, 0.0], [0.5, math.exp(0.1), 1.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(weights.double(), expected)  # capped at 2; 0 off the mask; 1 where the sampler gave none
+    found = sampler_mismatch(old_logp, sampler_logp, mask)
+    d = torch.tensor([0.0, math.log(1.5), math.log(4.0), -math.log(2.0), 0.1, 0.0], dtype=torch.float64)
+    assert found["mismatch/logp_abs_diff"] == pytest.approx(float(d.abs().mean()))
+    assert found["mismatch/kl"] == pytest.approx(float((d.exp() - d - 1).mean()))
+    assert found["mismatch/missing"] == pytest.approx(1 / 7)
+    equal = sampler_mismatch(sampler_logp, sampler_logp, mask)
+    assert equal["mismatch/logp_abs_diff"] == 0 and equal["mismatch/kl"] == 0
+
+
+def test_importance_weights_scale_each_tokens_policy_gradient():
+    old_logp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
+    logp = old_logp.clone().requires_grad_(True)
+    mask = torch.ones_like(old_logp, dtype=torch.bool)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    weight = torch.tensor([[0.5, 1.0, 2.0]], dtype=torch.float64)
+    policy_loss(logp, old_logp, adv, mask, is_weight=weight)["loss_pg"].backward()
+    torch.testing.assert_close(logp.grad, -weight / 3)  # at ratio 1 the gradient is -adv * w / tokens
+    unweighted = policy_loss(old_logp, old_logp, adv, mask)["loss_pg"]
+    ones = policy_loss(old_logp, old_logp, adv, mask, is_weight=torch.ones_like(weight))["loss_pg"]
+    assert float(ones) == float(unweighted)

