@@ -69,6 +69,8 @@ def main(
                 trainer = trainer_cls(config)
         except (DataError, CorpusError, FileExistsError, FileNotFoundError, DoesNotFit, run_control.RunDirInUse) as err:
             _exit_with(err, 2)  # a user's data or corpus, run dir (holding checkpoints, or in use) or model size
+        except ImportError as err:  # an optional dependency that cannot serve (a vLLM without in-place weight updates)
+            _exit_with(err, 2)
         except (TrainingStopped, ConnectionError, CheckpointWriteError) as err:  # nothing to resume, no server, disk
             _exit_with(err, 1)
         except RuntimeError as err:

