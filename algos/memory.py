@@ -91,12 +91,23 @@ class Estimate:
         return f"{self.total / GIB:.2f} GiB per {self.device} ({parts})"
 
 
+ROLLOUT_BYTES_PER_TOKEN = 64
+"""Host bytes a step's rollouts hold per context token, at most: the collated batch's ids, attention and loss masks,
+old log-probs and weights (about 25) and the trajectory records they come from (tuples of Python ints and floats)."""
+
+
+EPISODE_BYTES = 32 * 1024
+"""Host bytes of one episode's env beside its tokens (measured: 500 ``gym.make`` HotpotQA envs took 31 KB each)."""
+
+
 def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None = None) -> Estimate:
     """The memory one device needs for a run of `config` (an `algos.config.Config`) on a model of `shape`.
 
     Args:
         config: the run's settings (param_dtype, bf16, fsdp, gradient_checkpointing, micro_batch_tokens, sampler,
-            sampler_batch_size, questions_per_step, group_size, max_context_tokens, kl_coef).
+            sampler_batch_size, questions_per_step, group_size, protocol, max_planner_turns, max_context_tokens,
+            kl_coef). The rollout batch (every context of this rank's episodes at the full context length) is
+            counted on the device too: an upper bound where it lives in host memory.
         shape: the model's sizes.
         ranks: data-parallel ranks (the ``--fsdp`` shards and each rank's share of the rollouts).
         trainable: parameters that train (LoRA: the adapter's); None: all of them.
@@ -122,6 +133,9 @@ def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None
         kept = shape.layers * per_layer
     parts["activations"] = tokens * kept * compute_bytes
     parts["logits"] = tokens * shape.vocab * 4 * 2  # float32 logits and their log-softmax (or its gradient)
+    episodes = max(1, config.questions_per_step * config.group_size // ranks)  # this rank's share of the step
+    contexts = episodes * (1 + config.max_planner_turns if config.protocol == "coda" else 1)  # CoDA: + executors
+    parts["rollout batch"] = contexts * config.max_context_tokens * ROLLOUT_BYTES_PER_TOKEN + episodes * EPISODE_BYTES
     if config.sampler == "vllm":
         parts["vllm engine"] = config.vllm_gpu_memory_utilization * device_memory(config.torch_device)
     else:

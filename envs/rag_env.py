@@ -56,19 +56,37 @@ def question_index(options: dict[str, Any] | None, num_examples: int) -> int | N
     return int(index)
 
 
+LIMIT_CAPS = {
+    "top_k": 1000,
+    "max_passage_words": 100_000,
+    "max_turns": 10_000,
+    "max_planner_turns": 10_000,
+    "max_executor_turns": 10_000,
+}
+"""The largest value each count setting takes (others: 2**30): beyond it a search asks a retriever for more passages
+than any serves, or an episode outlives any context."""
+
+
 def check_limits(retriever_timeout: float, retriever_retries: int, **limits: int) -> None:
-    """Refuse an env's settings that cannot work: a limit below 1, a timeout <= 0 or negative retries.
+    """Refuse an env's settings that cannot work: a count that is not a whole number in [1, its cap], a timeout
+    that is not a finite number > 0 (NaN and inf included), retries that are not a whole number in [0, 100].
 
     Raises:
         ValueError: naming the first offending argument.
     """
     for name, value in limits.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if not retriever_timeout > 0 or retriever_retries < 0:
-        raise ValueError(
-            f"need retriever_timeout > 0 and retriever_retries >= 0, got {retriever_timeout}, {retriever_retries}"
-        )
+        cap = LIMIT_CAPS.get(name, 1 << 30)
+        if not _whole(value) or not 1 <= value <= cap:
+            raise ValueError(f"{name} must be a whole number in [1, {cap}], got {value!r}")
+    if not (isinstance(retriever_timeout, numbers.Real) and 0 < retriever_timeout < float("inf")):
+        raise ValueError(f"retriever_timeout must be a finite number of seconds > 0, got {retriever_timeout!r}")
+    if not _whole(retriever_retries) or not 0 <= retriever_retries <= 100:
+        raise ValueError(f"retriever_retries must be a whole number in [0, 100], got {retriever_retries!r}")
+
+
+def _whole(value: Any) -> bool:
+    """An integer (numpy's too), not a bool; a float, even 2.0 or NaN, is not one."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _excerpt(text: str, limit: int = MAX_ERROR_CHARS) -> str:

@@ -19,6 +19,7 @@ credit for the search itself). No answer scores as F1 = 0.
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -113,6 +114,12 @@ class RewardWeights:
     """Weight of the refine score."""
     recall: float = 0.0
     """Weight of the evidence recall: the share of gold titles the episode's searches returned."""
+
+    def __post_init__(self) -> None:
+        for name in ("answer", "offset", "format", "refine", "recall"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"reward weight {name} must be a finite number, got {value!r}")
 
     @property
     def maximum(self) -> float:

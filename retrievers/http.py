@@ -130,6 +130,52 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
+TRANSPORT_ERRORS = _TRANSPORT_ERRORS
+"""The errors of `DeadlinePool.request` short of an HTTP answer, for clients of other layers."""
+
+
+class DeadlinePool:
+    """A thread-safe HTTP connection pool whose every request is answered in full within a deadline, or fails.
+
+    httpx's and httpcore's own timeouts bound each socket operation alone, so a server that answers one byte per
+    interval holds a request for as long as it likes; here the whole exchange (connecting, sending, every read of
+    the status line, headers and body) ends within ``timeout`` seconds of its start. The retrieval client and the
+    OpenAI-compatible sampler (`agents.samplers.openai_api`) both send their requests through one.
+    """
+
+    def __init__(self) -> None:
+        self._backend = _DeadlineBackend()
+        self._pool = httpcore.ConnectionPool(network_backend=self._backend)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpcore.Response:
+        """One exchange with `url`, read whole.
+
+        Raises:
+            httpcore.TimeoutException: the deadline passed, with a message that names it.
+            One of `TRANSPORT_ERRORS`: no connection, a broken exchange, or a URL that is not http(s).
+        """
+        timeouts = dict.fromkeys(("connect", "read", "write", "pool"), timeout)
+        with self._backend.within(timeout):
+            try:
+                return self._pool.request(
+                    method, url, headers=headers or {}, content=content, extensions={"timeout": timeouts}
+                )
+            except httpcore.TimeoutException as err:
+                raise type(err)(f"no complete answer within the request's deadline of {timeout:g} s") from err
+
+    def close(self) -> None:
+        """Close the pool's connections."""
+        self._pool.close()
+
+
 class HTTPRetriever(SharedIndex):
     """Retriever client for a Search-R1-compatible `/retrieve` endpoint.
 
@@ -157,8 +203,7 @@ class HTTPRetriever(SharedIndex):
         self.backoff = backoff
         self.max_hits: int | None = None
         """Passages per request the server accepts (from its /health), None when it does not say."""
-        self._backend = _DeadlineBackend()
-        self._pool = httpcore.ConnectionPool(network_backend=self._backend)
+        self._pool = DeadlinePool()
         self._check_server()
 
     def __repr__(self) -> str:
@@ -177,14 +222,7 @@ class HTTPRetriever(SharedIndex):
         """
         body = None if payload is None else json.dumps(payload).encode()
         headers = {} if body is None else {"Content-Type": "application/json"}
-        timeouts = dict.fromkeys(("connect", "read", "write", "pool"), self.timeout)
-        with self._backend.within(self.timeout):
-            try:
-                return self._pool.request(
-                    method, f"{self.url}{path}", headers=headers, content=body, extensions={"timeout": timeouts}
-                )
-            except httpcore.TimeoutException as err:
-                raise type(err)(f"no complete answer within the request's deadline of {self.timeout:g} s") from err
+        return self._pool.request(method, f"{self.url}{path}", timeout=self.timeout, headers=headers, content=body)
 
     def _check_server(self) -> None:
         try:

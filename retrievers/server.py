@@ -27,6 +27,7 @@ FAISS index is held whole, so add their sizes.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -36,6 +37,8 @@ from typing import Any, NoReturn
 
 try:
     from fastapi import FastAPI, HTTPException
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from pydantic import BaseModel, ConfigDict, Field
 except ImportError as err:
@@ -54,6 +57,17 @@ class RetrieveRequest(BaseModel):
     queries: list[str] = Field(description="the search queries")
     topk: int | None = Field(default=None, description="passages per query (server default when absent)")
     return_scores: bool = Field(default=False, description="wrap each document with its score")
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float in it replaced by its name ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def document(passage: Passage) -> dict[str, str]:
@@ -145,6 +159,12 @@ def create_app(
     app = FastAPI(title="RedCoda retrieval server", description="Search-R1 compatible /retrieve")
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     lock = threading.Lock()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Any, error: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes the input, and JSON has no NaN or Infinity: a body with `"topk": NaN` would
+        # fail to render and come back as a 500; here every non-finite number in the echo is written as a string
+        return JSONResponse({"detail": _finite(jsonable_encoder(error.errors()))}, status_code=422)
 
     @app.get("/health")
     def health() -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Waits that end: a retrieval request within its deadline against a server that drips its answer, and a
-data-parallel run whose rank waits on a stalled one within ``--dist-timeout-seconds``.
+"""Waits that end: a retrieval request and an OpenAI-compatible sampler's request within their deadlines against a
+server that drips its answer, and a data-parallel run whose rank waits on a stalled one within
+``--dist-timeout-seconds``.
 
 The second test launches this file under torchrun (two gloo processes, the tiny preset):
 
@@ -105,6 +106,28 @@ def test_a_dripping_health_check_fails_the_constructor_at_the_deadline(drip_serv
     with pytest.raises(ConnectionError, match="no retrieval server answers .*deadline of 1 s"):
         HTTPRetriever(url, timeout=1.0, retries=0)
     assert time.monotonic() - start < 3 * 1.0
+
+
+def test_an_openai_sampler_row_ends_at_its_deadline_and_counts_as_an_error(drip_server, tiny):
+    """A served model that drips its answer: the row fails at the request's deadline (each retry with its own)
+    instead of after the whole dripped answer, and the other rows of the batch are not held up longer."""
+    from agents.records import SamplingParams
+    from agents.samplers.openai_api import OpenAISampler
+
+    url, server = drip_server()
+    _, tokenizer = tiny
+    timeout = 1.0
+    sampler = OpenAISampler(f"{url}/v1", "served", tokenizer, timeout_s=timeout, max_retries=1)
+    start = time.monotonic()
+    rows = sampler.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=4))
+    took = time.monotonic() - start
+    sampler.close()
+    for row in rows:
+        assert row.finish_reason == "error" and "deadline of 1 s" in row.error, row
+    assert len(server.posts) == 4  # two rows, each tried twice
+    assert 2 * 0.9 * timeout <= took < 3 * (2 * timeout + 0.5)  # the dripped answer would take about a minute
+    with pytest.raises(ValueError, match="finite timeout_s"):
+        OpenAISampler(f"{url}/v1", "served", tokenizer, timeout_s=float("inf"))
 
 
 @pytest.fixture(scope="module")

@@ -592,3 +592,29 @@ def test_vector_autoreset_keeps_each_env_on_its_groups_question_when_asked():
 
     assert play(autoreset_same_question=True) == [[5] * 4] * 3
     assert any(indices != [5] * 4 for indices in play())  # the default: a question drawn with np_random
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"max_turns": float("nan")}, "max_turns"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": 2.5}, "max_turns"),
+        ({"max_planner_turns": True}, "max_planner_turns"),
+        ({"top_k": float("nan")}, "top_k"),
+        ({"top_k": 10**10}, "top_k"),
+        ({"max_passage_words": float("inf")}, "max_passage_words"),
+        ({"retriever_timeout": float("inf")}, "retriever_timeout"),
+        ({"retriever_timeout": float("nan")}, "retriever_timeout"),
+        ({"retriever_timeout": 0}, "retriever_timeout"),
+        ({"retriever_retries": -1}, "retriever_retries"),
+        ({"reward_weights": {"recall": float("nan")}}, "recall"),
+        ({"reward_weights": {"answer": float("inf")}}, "answer"),
+    ],
+)
+@pytest.mark.parametrize("env_id", ["RedCoda-HotpotQA-v0", "RedCoda-HotpotQA-CoDA-v0"])
+def test_harmful_arguments_are_refused_at_make(env_id, kwargs, named):
+    """NaN, infinite and out-of-range settings would run (never truncating, failing every search, a NaN reward);
+    they raise at construction instead, naming the argument."""
+    with pytest.raises(ValueError, match=named):
+        gym.make(env_id, corpus="distractor", **kwargs)

@@ -98,6 +98,9 @@ def test_health(server_url):
         ({"queries": ["x"], "topk": 21}, 422, "topk"),
         ({"queries": ["x"] * 9, "topk": 3}, 413, "at most 8"),
         ({"queries": ["x" * 5000], "topk": 3}, 422, "longer than"),
+        (b'{"queries": ["x"], "topk": NaN}', 422, "nan"),  # JSON has no NaN: the echo of it must still render
+        (b'{"queries": ["x"], "topk": Infinity}', 422, "inf"),
+        (b'{"queries": ["x"], "topk": 2.5}', 422, "topk"),
     ],
 )
 def test_bad_requests_get_4xx_with_a_message(server_url, body, status, message):

@@ -151,6 +151,21 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_path, capsys):
+    from algos.launch import main
+
+    shape = memory.Shape.of(_qwen25_3b_config())
+    small = memory.estimate(preset_config("cpu"), shape).parts["rollout batch"]
+    huge = memory.estimate(preset_config("cpu", group_size=100000), shape).parts["rollout batch"]
+    assert huge == pytest.approx(small * 100000 / preset_config("cpu").group_size, rel=0.01)
+    flags = ["--preset", "tiny", "--protocol", "coda", "--group-size", "100000", "--run-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as stop:  # 200,000 CoDA episodes: about 70 GB of rollouts
+        main(flags, algo="grpo", trainer_cls=Trainer)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the memory estimate") and "rollout batch" in err and "\n" not in err
+
+
 def test_memory_cli_estimates_a_local_config(tmp_path, capsys):
     _qwen25_3b_config().save_pretrained(tmp_path)
     found = memory.main(["--model", str(tmp_path), "--preset", "gpu", "--device", "cuda", "--gradient-checkpointing"])

@@ -8,6 +8,10 @@ token ids in one of two ways:
 - otherwise the text is tokenized with the given tokenizer, and the server's log-probs are kept only when
   its token count matches ours (NaN per token when not: they cannot be aligned).
 
+Each request must be answered in full within ``timeout_s`` (`retrievers.http.DeadlinePool`: a server that stalls
+or drips its answer fails the row at the deadline, and a retry gets a deadline of its own), so a row takes at most
+``timeout_s * (max_retries + 1)`` seconds plus the backoff.
+
 OpenAI-style servers drop the stop string from the text; it is put back so `text` ends with it, as with
 the other samplers: from vLLM's `stop_reason` when the server sends one, else (OpenAI) by closing the
 tag that is still open when the stop strings are closing tags such as `</search>`.
@@ -18,6 +22,7 @@ tag that is still open when the stop strings are closing tags such as `</search>
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -26,10 +31,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
 from agents.records import Completion, SamplingParams
 from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from retrievers.http import TRANSPORT_ERRORS, DeadlinePool
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 _RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -44,7 +48,7 @@ class OpenAISampler(TokenizerContext):
         tokenizer: a Hugging Face tokenizer matching the served model (decodes prompts, encodes replies).
         api_key: bearer token; None reads $OPENAI_API_KEY (no header when that is unset too).
         max_context: the served model's context length; longer prompts are left-truncated.
-        timeout_s: per-request timeout in seconds.
+        timeout_s: seconds allowed for each request as a whole (connect, send, and the whole answer).
         max_retries: retries of a request after a connection error or a 408/409/429/5xx answer
             (exponential backoff from 0.5 s); other errors fail the row at once.
         max_concurrency: requests in flight at once.
@@ -71,13 +75,18 @@ class OpenAISampler(TokenizerContext):
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
         self.extra_body = dict(extra_body or {})
+        if not timeout_s > 0 or not math.isfinite(timeout_s) or max_retries < 0:
+            raise ValueError(f"need a finite timeout_s > 0 and max_retries >= 0, got {timeout_s} and {max_retries}")
+        self.timeout_s = timeout_s
         api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._pool = DeadlinePool()
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
-        self._client.close()
+        self._pool.close()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt; a failing request becomes that row's error completion.
@@ -121,17 +130,21 @@ class OpenAISampler(TokenizerContext):
             return Completion("", (), (), "error", f"{type(err).__name__}: {err}")
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        content = json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
             try:
-                response = self._client.post(self.url, json=body)
-            except httpx.TransportError:
+                response = self._pool.request(
+                    "POST", self.url, timeout=self.timeout_s, headers=self._headers, content=content
+                )
+            except TRANSPORT_ERRORS:  # no connection, a broken exchange, or the deadline
                 if attempt == self.max_retries:
                     raise
             else:
-                if response.status_code not in _RETRY_STATUS or attempt == self.max_retries:
-                    if response.is_error:
-                        raise RuntimeError(f"{self.url} answered {response.status_code}: {response.text[:500]}")
-                    return response.json()
+                if response.status not in _RETRY_STATUS or attempt == self.max_retries:
+                    if response.status >= 400:
+                        text = response.content.decode("utf-8", "replace")[:500]
+                        raise RuntimeError(f"{self.url} answered {response.status}: {text}")
+                    return json.loads(response.content)
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
