@@ -37,7 +37,7 @@ START_HINT = (
     "start one with `python -m retrievers.server --kind bm25 --port 8000` "
     "(or Search-R1's retrieval_launch.sh), or check the URL"
 )
-_TRANSPORT_ERRORS = (
+TRANSPORT_ERRORS = (
     httpcore.TimeoutException,
     httpcore.NetworkError,
     httpcore.ProtocolError,
@@ -130,10 +130,6 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
-TRANSPORT_ERRORS = _TRANSPORT_ERRORS
-"""The errors of `DeadlinePool.request` short of an HTTP answer, for clients of other layers."""
-
-
 class DeadlinePool:
     """A thread-safe HTTP connection pool whose every request is answered in full within a deadline, or fails.
 
@@ -218,7 +214,7 @@ class HTTPRetriever(SharedIndex):
 
         Raises:
             httpcore.TimeoutException: the deadline passed (or one step of the exchange took ``timeout``).
-            One of `_TRANSPORT_ERRORS`: no connection, a broken exchange, or a URL that is not http(s).
+            One of `TRANSPORT_ERRORS`: no connection, a broken exchange, or a URL that is not http(s).
         """
         body = None if payload is None else json.dumps(payload).encode()
         headers = {} if body is None else {"Content-Type": "application/json"}
@@ -237,7 +233,7 @@ class HTTPRetriever(SharedIndex):
                         self.max_hits = limits["max_hits"]
                 return
             self._post({"queries": ["probe"], "topk": 1, "return_scores": True}, attempts=1)  # Search-R1: no /health
-        except (*_TRANSPORT_ERRORS, RuntimeError, ValueError) as err:
+        except (*TRANSPORT_ERRORS, RuntimeError, ValueError) as err:
             raise ConnectionError(f"no retrieval server answers at {self.url} ({err}); {START_HINT}") from err
 
     def _post(self, payload: dict[str, Any], attempts: int | None = None) -> list:
@@ -245,7 +241,7 @@ class HTTPRetriever(SharedIndex):
         for attempt in range(attempts):
             try:
                 response = self._request("POST", "/retrieve", payload)
-            except _TRANSPORT_ERRORS as err:  # connection refused/reset, deadlines
+            except TRANSPORT_ERRORS as err:  # connection refused/reset, deadlines
                 failure: str = f"{type(err).__name__}: {err}"
                 hint = START_HINT
             else:

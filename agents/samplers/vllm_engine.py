@@ -153,7 +153,7 @@ class _SkippedTiedHead(logging.Filter):
     """Drops vLLM's "ParallelLMHead: Failed to load weights", which a reload of a tied model logs every time."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.getMessage() == "ParallelLMHead: Failed to load weights")
+        return record.getMessage() != "ParallelLMHead: Failed to load weights"
 
 
 def _retie_lm_head(model: Any) -> None:
