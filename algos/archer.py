@@ -27,8 +27,9 @@ from tensordict import TensorDict
 
 from agents.collate import collate_trajectories
 from agents.records import Trajectory
-from algos.config import Config, argv_preset, at_least, check_rules, positive, within
+from algos.config import Config, argv_preset
 from algos.launch import main as train
+from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import TurnCritic, turn_features, turn_spans, whiten
 

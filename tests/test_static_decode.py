@@ -232,6 +232,20 @@ def test_cuda_graphs_follow_weights_updated_in_place_under_autocast(prompts):
     assert [c.token_ids for c in got] != [c.token_ids for c in before]  # the update changed what is sampled
 
 
+def _assert_same_greedy_path(a, b, tol: float) -> None:
+    """Two greedy completions agree token for token, log-probs within `tol`, up to where both picked a near-tie.
+
+    A tiny random model's next-token distribution is nearly flat, so bfloat16's rounding (which differs between CPU
+    kernels: AVX2 and AVX-512 machines flip different ties) may pick the other of two tokens whose log-probs are
+    within `tol`; from there the two paths are different prompts. Anywhere else a difference is a real fault.
+    """
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)):
+        assert a.logprobs[i] == pytest.approx(b.logprobs[i], abs=tol), f"token {i}: log-probs differ"
+        if x != y:  # a near-tie (the log-probs above agree): the paths part here
+            return
+    assert a.token_ids == b.token_ids
+
+
 def test_under_autocast_the_buffers_hold_what_the_attention_reads(policy, prompts):
     """Under bfloat16 autocast the attention reads bfloat16 keys and values: the buffers hold them so, half the
     bytes a step reads, and the samples stay the dynamic cache's; kept rows go back as the dynamic cache keeps
@@ -245,8 +259,7 @@ def test_under_autocast_the_buffers_hold_what_the_attention_reads(policy, prompt
             expected = dynamic.generate(prompts, params)
             got = static.generate(prompts, params)
             for a, b in zip(got, expected, strict=True):
-                assert a.token_ids == b.token_ids
-                assert a.logprobs == pytest.approx(b.logprobs, abs=5e-2)
+                _assert_same_greedy_path(a, b, tol=5e-2)
     assert static._static.keys[0].dtype == static._static.values[0].dtype == torch.bfloat16
     kept = next(iter(static._store.entries.values()))
     like = next(iter(dynamic._store.entries.values()))
@@ -268,7 +281,11 @@ def test_the_step_weights_follow_in_place_updates(prompts, autocast, architectur
         _perturb(model)
         expected = dynamic.generate(prompts, params)
         got = static.generate(prompts, params)
-    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    if autocast:  # bfloat16 rounding may flip a near-tie of this random model (`_assert_same_greedy_path`)
+        for a, b in zip(got, expected, strict=True):
+            _assert_same_greedy_path(a, b, tol=5e-2)
+    else:
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
     assert [c.token_ids for c in got] != [c.token_ids for c in before]
     copies = static._static._weights[0]
     assert copies.qkv.dtype == (torch.bfloat16 if autocast else torch.float32)
