@@ -3,8 +3,9 @@ end-of-run wandb tables and images, and the optional upload of final/ to the Hug
 
     python -m algos.red_grpo --push-to-hub USER/redcoda-smollm2   # at the end (rank 0): final/ goes to the hub
 
-final/ is a Hugging Face model directory (weights, config, tokenizer) plus ``README.md`` (a model card: YAML front
-matter, what the model is, the run's settings, the held-out table when the evaluation ran, intended use and limits)
+final/ is a Hugging Face model directory (weights, config, tokenizer) plus ``README.md`` (a `huggingface_hub.ModelCard`:
+metadata with the held-out EM and F1 as ``model-index`` results, what the model is, the run's settings, the held-out
+table when the evaluation ran, intended use and limits)
 and ``redcoda_config.json`` (every `Config` field: ``python -m benchmarks.evaluate --run-dir RUN`` and
 ``--config FILE`` of the trainers read it back).
 """
@@ -16,7 +17,10 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 CONFIG_FILE = "redcoda_config.json"
 """The run's settings, in final/ and in the run directory."""
@@ -76,6 +80,15 @@ def base_model_id(config: Any) -> str | None:
     return None if model == "tiny" else str(model)
 
 
+_DATASET_IDS = {
+    "hotpotqa": ("HotpotQA", "hotpotqa/hotpot_qa"),
+    "musique": ("MuSiQue", "musique"),
+    "2wiki": ("2WikiMultihopQA", "2wikimultihopqa"),
+    "bamboogle": ("Bamboogle", "bamboogle"),
+}
+"""Our dataset names: the card's display name and dataset id (a hub id where the hub has the official one)."""
+
+
 def _dataset_ids(config: Any) -> list[str]:
     env = config.env_id
     if config.data_path is not None:
@@ -85,13 +98,77 @@ def _dataset_ids(config: Any) -> list[str]:
     return []
 
 
+def _eval_dataset(config: Any) -> tuple[str, str]:
+    """The held-out questions' dataset as the card names it: (display name, dataset id)."""
+    from envs import ENV_IDS
+
+    path = config.eval_data_path or config.data_path
+    if path is not None:
+        return Path(path).name, "json"  # the user's own file
+    dataset = ENV_IDS.get(config.env_id, {}).get("dataset", "hotpotqa")
+    return _DATASET_IDS.get(dataset, (dataset, dataset))
+
+
+def eval_results(config: Any, evaluation: dict[str, Any] | None) -> list[EvalResult]:
+    """The held-out scores as the card's ``model-index``: EM and F1 of the trained model, then of the starting model.
+
+    One `huggingface_hub.EvalResult` per model and metric (task question-answering, the run's ``eval_split``); the
+    starting model's carry "(starting model)" in their metric name. Empty when the evaluation did not run.
+    """
+    from huggingface_hub import EvalResult
+
+    if not evaluation:
+        return []
+    name, dataset_type = _eval_dataset(config)
+    results = []
+    for label, model in (("after", ""), ("before", " (starting model)")):  # a hub page shows the first ones
+        metrics = evaluation[label]["metrics"]
+        for metric, metric_type, label_name in (("em", "exact_match", "EM"), ("f1", "f1", "F1")):
+            if metric in metrics:
+                results.append(
+                    EvalResult(
+                        task_type="question-answering",
+                        dataset_type=dataset_type,
+                        dataset_name=name,
+                        dataset_split=config.eval_split,
+                        metric_type=metric_type,
+                        metric_value=float(metrics[metric]["mean"]),
+                        metric_name=f"{label_name}{model}",
+                    )
+                )
+    return results
+
+
+def _card_data(config: Any, base: str | None, evaluation: dict[str, Any] | None) -> ModelCardData:
+    """The card's metadata (its YAML front matter): library, base model, tags, data, license, held-out scores."""
+    from huggingface_hub import ModelCardData
+
+    tags = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
+    if config.protocol == "coda":
+        tags.append("coda")
+    results = eval_results(config, evaluation)
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        base_model=base,
+        tags=tags,
+        datasets=_dataset_ids(config) or None,
+        license="apache-2.0",
+        model_name=config.name if results else None,
+        eval_results=results or None,
+    )
+
+
 def model_card(
     config: Any,
     steps: int,
     evaluation: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
-) -> str:
-    """A Hugging Face model card (YAML front matter, then Markdown) for a run's final model.
+) -> ModelCard:
+    """A run's final model card: a `huggingface_hub.ModelCard` (metadata, then Markdown).
+
+    Its metadata holds the held-out EM and F1 of both models as ``model-index`` entries (`eval_results`); the body
+    says what the model is, the run's settings, the held-out table, intended use and limits.
 
     Args:
         config: the run's `Config`.
@@ -104,9 +181,13 @@ def model_card(
     values = config_values(config)
     settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
     started = f"`{base}`" if base is not None else "a random model built from a config (a smoke run)"
+    try:
+        from huggingface_hub import ModelCard
+    except ImportError as err:
+        raise ImportError("the model card needs huggingface_hub: pip install 'redcoda[train]'") from err
     lines = [
         "---",
-        _front_matter(config, base),
+        _card_data(config, base, evaluation).to_yaml(),
         "---",
         "",
         f"# {config.name}",
@@ -148,24 +229,7 @@ def model_card(
         "the training corpus; do not use it where a wrong answer causes harm.",
         "",
     ]
-    return "\n".join(lines)
-
-
-def _front_matter(config: Any, base: str | None) -> str:
-    """The model card's YAML front matter (without its ``---`` lines): library, base model, tags, data, license."""
-    import yaml
-
-    front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
-    if base is not None:
-        front["base_model"] = base
-    front["tags"] = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
-    if config.protocol == "coda":
-        front["tags"].append("coda")
-    datasets = _dataset_ids(config)
-    if datasets:
-        front["datasets"] = datasets
-    front["license"] = "apache-2.0"
-    return yaml.safe_dump(front, sort_keys=False).strip()
+    return ModelCard("\n".join(lines))
 
 
 def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, Any] | None) -> list[str]:
@@ -212,7 +276,7 @@ def describe_final_model(
     """Write the model card and the run config into final/ (again after the evaluation) and make it readable."""
     directory = Path(directory)
     write_run_config(config, directory)
-    (directory / CARD_FILE).write_text(model_card(config, steps, evaluation, validation), encoding="utf-8")
+    model_card(config, steps, evaluation, validation).save(directory / CARD_FILE)
     make_readable(directory)
 
 
