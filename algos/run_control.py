@@ -1,12 +1,12 @@
 """What keeps a training process in order on a shared machine: its run directory locked, SIGTERM and Ctrl-C turned
 into a clean stop, and a torch thread count that follows the load of the machine.
 
-- `lock_run_dir`: an OS file lock (``fcntl.flock``) on ``<run_dir>/.lock``, taken before anything in the directory
-  is read or written and held to the end of the process; the file names the holder (PID, host, start time), so a
-  second run or ``--resume`` on the directory is refused with a message naming it (`RunDirInUse`). The kernel drops
-  the lock when the holding process ends however it ends, so a lock file left by a dead process is simply locked
-  again. The lock is the process's: opening the same directory again in one process (a test, a notebook resuming
-  what it just ran) shares it.
+- `lock_run_dir`: an OS file lock (`filelock.FileLock`, a ``flock``) on ``<run_dir>/.lock``, taken before anything
+  in the directory is read or written and held to the end of the process; ``.lock.holder`` names the holder (PID,
+  host, start time), so a second run or ``--resume`` on the directory is refused with a message naming it
+  (`RunDirInUse`). The kernel drops the lock when the holding process ends however it ends, so a lock file left by
+  a dead process is simply locked again. The lock is the process's: opening the same directory again in one process
+  (a test, a notebook resuming what it just ran) shares it.
 - `StopSignals`: SIGTERM and SIGINT set a flag that the training loop reads between steps (the step under way
   finishes, a checkpoint of it is written, and the run ends with `Interrupted`: exit status 128 + the signal's
   number, 143 or 130, as a shell reports a process the signal ended); a second signal of either kind ends the
@@ -18,7 +18,6 @@ into a clean stop, and a torch thread count that follows the load of the machine
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shlex
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import filelock
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ __all__ = [
 
 LOCK_FILE = ".lock"
 """The lock file's name inside a run directory."""
+HOLDER_FILE = ".lock.holder"
+"""The file beside it that names the lock's holder (PID, host, start time)."""
 
 
 # --- the run directory's lock ------------------------------------------------------------------------------------
@@ -61,7 +64,8 @@ class RunDirInUse(RuntimeError):
 
 
 class RunDirLock:
-    """An exclusive ``flock`` on ``<run_dir>/.lock``, held until `release` or the end of the process.
+    """An exclusive `filelock.FileLock` (an OS ``flock``) on ``<run_dir>/.lock``, held until `release` or the end of
+    the process; the holder's record (PID, host, start time) is in ``<run_dir>/.lock.holder``.
 
     Args:
         run_dir: The run directory (created when missing).
@@ -73,37 +77,38 @@ class RunDirLock:
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
+        self.holder_path = self.run_dir / HOLDER_FILE
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # opened without truncating: the holder's record stays readable to the process that is refused
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # not thread-local: the lock is the process's, released from whichever thread ends the run (or the GC)
+        self._lock: filelock.BaseFileLock | None = filelock.FileLock(self.path, timeout=0, thread_local=False)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(self._fd)
-            self.release()
+            self._lock.acquire()
+        except filelock.Timeout:
+            self._lock = None
             raise RunDirInUse(
-                f"{self.run_dir} is in use by {holder}: wait for that run to end or stop it "
+                f"{self.run_dir} is in use by {_read_holder(self.holder_path)}: wait for that run to end or stop it "
                 "(SIGTERM or Ctrl-C: it saves a checkpoint and exits), or choose another --run-dir"
             ) from None
         except BaseException:
             self.release()
             raise
         record = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-        if _read_holder(self._fd, raw=True).split(",")[0] != record.split(",")[0]:  # a new holder: say so
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, record.encode(), 0)
+        if _read_holder(self.holder_path, raw=True).split(",")[0] != record.split(",")[0]:  # a new holder: say so
+            tmp = self.holder_path.with_name(f"{HOLDER_FILE}.{os.getpid()}")
+            tmp.write_text(record, encoding="utf-8")
+            os.replace(tmp, self.holder_path)  # whole: a refused process never reads half a record
 
     @property
     def held(self) -> bool:
         """Whether this object still holds the lock."""
-        return self._fd is not None
+        return self._lock is not None
 
     def release(self) -> None:
         """Drop the lock (the lock file stays: deleting it would let two processes lock two different files)."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
             _HELD.pop(str(self.run_dir.resolve()), None)
-            os.close(fd)  # closing the descriptor releases the flock
+            lock.release(force=True)
 
     def __del__(self) -> None:
         try:  # at interpreter exit the modules it uses may be gone (no contextlib either); the OS releases the lock
@@ -150,9 +155,9 @@ def release_run_dir(run_dir: str | os.PathLike) -> None:
         held.release()
 
 
-def _read_holder(fd: int, raw: bool = False) -> str:
+def _read_holder(path: Path, raw: bool = False) -> str:
     try:
-        text = os.pread(fd, 512, 0).decode(errors="replace").strip()
+        text = path.read_text(encoding="utf-8", errors="replace")[:512].strip()
     except OSError:
         text = ""
     if raw:

@@ -60,10 +60,10 @@ def test_a_run_dir_locked_by_another_process_is_refused_until_that_process_dies(
     finally:
         child.kill()  # SIGKILL: no cleanup runs, the lock file stays behind
         child.wait()
-    assert f"pid {child.pid} " in (run_dir / ".lock").read_text()
+    assert f"pid {child.pid} " in (run_dir / run_control.HOLDER_FILE).read_text()
     lock = lock_run_dir(run_dir)  # the kernel dropped the dead process's lock: the stale file is locked again
     try:
-        assert (run_dir / ".lock").read_text().startswith(f"pid {os.getpid()} on ")
+        assert (run_dir / run_control.HOLDER_FILE).read_text().startswith(f"pid {os.getpid()} on ")
         assert lock_run_dir(run_dir) is lock  # one process opening its own run directory again shares the lock
     finally:
         lock.release()
