@@ -519,7 +519,11 @@ COOLDOWN = 0.2
 
 def lr_factor(schedule: str, done: float) -> float:
     """The lr multiplier at `done` (0..1) of the run: 1 throughout (constant), 1 -> 0.1 in a straight line
-    (linear), or 1 until the last `COOLDOWN` of the run, then 1 -> 0.1 in a straight line (cooldown)."""
+    (linear), or 1 until the last `COOLDOWN` of the run, then 1 -> 0.1 in a straight line (cooldown).
+
+    These are transformers' "constant" and "warmup_stable_decay" (linear decay, min_lr_ratio 0.1) shapes, but
+    `get_scheduler` counts whole steps of a fixed run, while `done` also follows --max-train-minutes' clock.
+    """
     done = min(max(done, 0.0), 1.0)
     if schedule == "constant":
         return 1.0

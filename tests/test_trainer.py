@@ -156,6 +156,19 @@ def test_linear_lr_schedule_decays_over_steps_or_minutes_whichever_ends_first(tm
         trainer.close()
 
 
+@pytest.mark.parametrize(("schedule", "stable"), [("linear", 0), ("cooldown", 80)])
+def test_lr_schedules_are_transformers_warmup_stable_decay_at_whole_steps(schedule, stable):
+    """At whole steps of a fixed run our factors are transformers' WSD (linear decay to 0.1); `lr_factor` stays ours
+    because `done` also follows the minutes budget."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    decay = {"num_stable_steps": stable, "num_decay_steps": 100 - stable, "min_lr_ratio": 0.1, "decay_type": "linear"}
+    wsd = get_scheduler("warmup_stable_decay", optimizer, num_warmup_steps=0, scheduler_specific_kwargs=decay)
+    expected = [wsd.lr_lambdas[0](i) for i in range(101)]
+    assert [lr_factor(schedule, i / 100) for i in range(101)] == pytest.approx(expected)
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     trainer = _trainer(tmp_path, "run", algo="grpo", steps=1)
     try:
