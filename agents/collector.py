@@ -31,6 +31,7 @@ from tensordict import TensorDictBase
 from torchrl.collectors import BaseCollector
 
 from agents.records import Trajectory
+from agents.tree import TreeShape, play_trees
 
 
 def shard_range(n: int, rank: int, ranks: int) -> range:
@@ -53,6 +54,8 @@ class RolloutCollector(BaseCollector):
         shard: ``(rank, ranks)``: play only this rank's contiguous share of each batch's questions (whole groups;
             data order, group ids and sampling seeds stay the global batch's, so the ranks together play what
             one collector with ``(0, 1)`` plays).
+        tree: play each group as trees of this shape (`agents.tree`: episodes that share their first turns, each
+            with a ``tree_id``); None: independent episodes.
         pre_collect_hook: called before each batch is played (TorchRL's collector hook).
         post_collect_hook: called with each batch's TensorDict before it is yielded (TorchRL's collector hook).
     """
@@ -67,6 +70,7 @@ class RolloutCollector(BaseCollector):
         indices: Sequence[int] | Callable[[int], Sequence[int]] | None = None,
         seed: int = 0,
         shard: tuple[int, int] = (0, 1),
+        tree: TreeShape | None = None,
         *,
         pre_collect_hook: Callable[[], None] | None = None,
         post_collect_hook: Callable[[TensorDictBase], None] | None = None,
@@ -80,6 +84,9 @@ class RolloutCollector(BaseCollector):
         self.frames_per_batch = self.requested_frames_per_batch = questions_per_batch * group_size
         self.total_frames = total_batches * self.frames_per_batch if total_batches >= 0 else -1
         self.shard = shard
+        if tree is not None:
+            tree.rounds(group_size)  # refuses a group size the trees cannot make
+        self.tree = tree
         self.agent = agent
         self.questions_per_batch, self.group_size = questions_per_batch, group_size
         self.total_batches = total_batches
@@ -128,7 +135,14 @@ class RolloutCollector(BaseCollector):
         indices = [questions[i] for i in mine for _ in range(self.group_size)]
         group_ids = [self.batches_done * self.questions_per_batch + i for i in mine for _ in range(self.group_size)]
         envs = self.envs[: len(indices)]
-        trajectories = self.agent.rollout(envs, indices, group_ids, seed=self.seed * 1_000_003 + self.batches_done)
+        seed = self.seed * 1_000_003 + self.batches_done
+        if self.tree is not None:
+            groups = [self.batches_done * self.questions_per_batch + i for i in mine]
+            trajectories = play_trees(
+                self.agent, envs, [questions[i] for i in mine], groups, self.group_size, self.tree, seed
+            )
+        else:
+            trajectories = self.agent.rollout(envs, indices, group_ids, seed=seed)
         self.batches_done += 1
         self.last_trajectories = trajectories
         return trajectories

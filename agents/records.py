@@ -94,3 +94,10 @@ class Trajectory:
     """The env's terminal-step info (em, f1, format, refine, num_searches, ...)."""
     actions: tuple[str, ...] = ()
     """Every action text sent to the env, in order."""
+    turns: tuple[Completion, ...] = ()
+    """The completion behind each action, in order: what a branch of this episode replays (`agents.tree`)."""
+    search_ends: tuple[int, ...] = ()
+    """For each search that returned results while the episode went on: how many actions it had taken through it
+    (the points where a branch may start)."""
+    tree_id: int | None = None
+    """Episodes of one tree (`agents.tree`: a root episode and its branches) share it; None: played independently."""

@@ -90,6 +90,12 @@ class _Slot:
     """Contexts waiting for control to come back (a planner while its executor works)."""
     closed: list[Generation] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    turns: list[Completion] = field(default_factory=list)
+    """The completion behind each action, sampled or replayed."""
+    search_ends: list[int] = field(default_factory=list)
+    """Actions taken through each search that returned results, while the episode went on (where a branch starts)."""
+    script: list[Completion] = field(default_factory=list)
+    """Completions still to replay before this episode samples its own (a branch's shared turns, `agents.tree`)."""
     last_obs: str = ""
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
@@ -117,6 +123,8 @@ class ContextAgent:
     """
 
     protocol: str | None = None
+    _keep = False
+    """Within a ``rollout(keep_contexts=True)``: closed contexts are not released."""
 
     def __init__(
         self,
@@ -158,25 +166,75 @@ class ContextAgent:
         indices: Sequence[int],
         group_ids: Sequence[int] | None = None,
         seed: int | None = None,
+        *,
+        members: Sequence[int] | None = None,
+        scripts: Sequence[Sequence[Completion]] | None = None,
+        keep_contexts: bool = False,
     ) -> list[Trajectory]:
+        """Reset `envs[i]` on question `indices[i]`, act until every episode ends, return one Trajectory each.
+
+        Args:
+            envs: One env per episode.
+            indices: The question of each episode.
+            group_ids: Each episode's GRPO group (default: its question).
+            seed: Seeds the envs' resets and the sampling; None continues the samplers' streams.
+            members: Each episode's place in its group, which seeds its sampling with the group id (default: the
+                order of the episodes of the group in this call).
+            scripts: Completions each episode replays, in order, before it samples its own: an episode that branches
+                from another after its first turns replays them (same tokens and log-probs, the env steps again) and
+                samples only what follows (`agents.tree`).
+            keep_contexts: Do not tell the sampler that a finished episode's contexts are done, so a later call that
+                extends them (a branch) reuses what the sampler kept; the caller calls `release` after.
+        """
         if len(envs) != len(indices):
             raise ValueError(f"{len(envs)} envs but {len(indices)} question indices")
         group_ids = list(group_ids) if group_ids is not None else list(indices)
+        if members is None:  # each episode's place among its group's in this call
+            counts: dict[int, int] = {}
+            members = []
+            for group in group_ids:
+                members.append(counts.get(int(group), 0))
+                counts[int(group)] = members[-1] + 1
+        scripts = scripts if scripts is not None else [()] * len(envs)
+        if not len(members) == len(scripts) == len(envs):
+            raise ValueError(f"{len(envs)} envs but {len(members)} members and {len(scripts)} scripts")
         slots = []
-        members: dict[int, int] = {}
-        for i, (env, index, group) in enumerate(zip(envs, indices, group_ids, strict=True)):
+        for i, (env, index, group, member) in enumerate(zip(envs, indices, group_ids, members, strict=True)):
             self._check_env(env)
             obs, info = env.reset(seed=None if seed is None else seed + i, options={"index": int(index)})
-            member = members[int(group)] = members.get(int(group), -1) + 1
-            slots.append(_Slot(env, int(index), int(group), member, context=self._open(info["role"], info)))
+            slot = _Slot(env, int(index), int(group), int(member), context=self._open(info["role"], info))
+            slot.script = list(scripts[i])
+            slots.append(slot)
 
         turn = 0
-        while live := [slot for slot in slots if not slot.done]:
-            self._turn(live, None if seed is None else seed + 7919 * (turn + 1))
-            turn += 1
+        self._keep = keep_contexts
+        try:
+            while live := [slot for slot in slots if not slot.done]:
+                self._turn(live, None if seed is None else seed + 7919 * (turn + 1))
+                turn += 1
+        finally:
+            self._keep = False
         return [
-            Trajectory(s.index, s.group_id, tuple(s.closed), s.reward, dict(s.info), tuple(s.actions)) for s in slots
+            Trajectory(
+                s.index,
+                s.group_id,
+                tuple(s.closed),
+                s.reward,
+                dict(s.info),
+                tuple(s.actions),
+                turns=tuple(s.turns),
+                search_ends=tuple(s.search_ends),
+            )
+            for s in slots
         ]
+
+    def release(self, trajectory: Trajectory) -> None:
+        """Tell the samplers that every context of a finished episode is done (after ``keep_contexts=True``)."""
+        for generation in trajectory.generations:
+            sampler = self.executor_sampler if generation.role == "executor" else self.sampler
+            release = getattr(sampler, "release", None)
+            if callable(release):
+                release(generation.token_ids)
 
     def _turn(self, live: list[_Slot], seed: int | None) -> None:
         """One turn of every live episode: sample an action per context, then step its env.
@@ -184,7 +242,9 @@ class ContextAgent:
         The turn's searches go to each shared retriever as one batch first (`envs.batching.prefetch_searches`),
         so the envs' own searches are answered from its cache: one request per turn to a retrieval server.
         """
-        completions = self._act(live, seed)
+        sampling = [slot for slot in live if not slot.script]
+        sampled = iter(self._act(sampling, seed) if sampling else ())
+        completions = [slot.script.pop(0) if slot.script else next(sampled) for slot in live]
         prefetch_searches([slot.env for slot in live], [completion.text for completion in completions])
         for slot, completion in zip(live, completions, strict=True):
             self._apply(slot, completion)
@@ -219,18 +279,22 @@ class ContextAgent:
         slot.context.add_sample(completion)
         action = completion.text
         slot.actions.append(action)
+        slot.turns.append(completion)
         obs, reward, terminated, truncated, info = slot.env.step(action)
         slot.last_obs, role = obs, info["role"]
         if terminated or truncated:
             self._finish(slot, float(reward), info)
             return
+        if "doc_ids" in info:  # a search that returned results, and the episode goes on: a branch may start here
+            slot.search_ends.append(len(slot.actions))
         if info["new_context"]:  # a planner hands a task to a fresh executor context; the planner waits
             slot.parked.append(slot.context)
             slot.context = self._open(role, info)
             return
         if role != slot.context.role:  # the executor answered: close its context, resume the planner's
             slot.closed.append(slot.context.freeze())
-            self._release(slot.context)
+            if not self._keep:
+                self._release(slot.context)
             slot.context = slot.parked.pop()
         slot.context.add_prompt(self._tokenizer(role)(obs, add_special_tokens=False)["input_ids"])
         params = self.executor_params if role == "executor" else self.params
@@ -241,8 +305,9 @@ class ContextAgent:
     def _finish(self, slot: _Slot, reward: float, info: dict[str, Any]) -> None:
         slot.closed.append(slot.context.freeze())
         slot.closed.extend(context.freeze() for context in reversed(slot.parked))
-        for context in (slot.context, *slot.parked):
-            self._release(context)
+        if not self._keep:
+            for context in (slot.context, *slot.parked):
+                self._release(context)
         errors = {
             "sampler_errors": slot.sampler_errors,
             **({"sampler_error": slot.sampler_error} if slot.sampler_error else {}),

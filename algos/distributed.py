@@ -247,7 +247,7 @@ def gather_episodes(trajectories: Sequence[Any]) -> list[Any]:
     group ids and infos only; the token ids stay on their rank)."""
     if not _active():
         return list(trajectories)
-    light = [dataclasses.replace(t, generations=()) for t in trajectories]
+    light = [dataclasses.replace(t, generations=(), turns=()) for t in trajectories]
     return [t for part in gather_objects(light) for t in part]
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "sft_loss",
     "tis_weights",
     "total_loss",
+    "tree_advantages",
 ]
 
 
@@ -100,6 +101,32 @@ def group_advantages(rewards: Tensor, group_id: Tensor, eps: float = 1e-6, scale
     flat = (hi == lo)[group]  # (B,)
     adv = centered / (std[group] + eps) if scale else centered
     return torch.where(flat, torch.zeros_like(adv), adv)
+
+
+def tree_advantages(
+    rewards: Tensor, group_id: Tensor, tree_id: Tensor, eps: float = 1e-6, scale: bool = True
+) -> Tensor:
+    """Tree-GRPO advantages (arXiv 2509.21240): the episode's advantage within its tree plus within its question's
+    group, each as `group_advantages` computes it.
+
+    A tree's episodes share their first turns (`agents.tree`), so the within-tree term compares continuations of
+    the same turns: trained on every episode's tokens, the shared turns collect the sum of their episodes' terms and
+    the turns where the episodes part get each branch's own (Tree-GRPO shows the within-tree objective equals
+    step-level preference learning). The within-group term compares the trees. A tree of one episode, or of equal
+    rewards, adds 0.
+
+    Args:
+        rewards: Episode rewards, shape ``(B,)``.
+        group_id: Each episode's question group, ``(B,)``.
+        tree_id: Each episode's tree, ``(B,)``; a tree lies within one group.
+        eps: Added to each std before dividing.
+        scale: Divide each term by its std (GRPO); False only centres them (Dr. GRPO).
+
+    Returns:
+        Advantages, shape ``(B,)``.
+    """
+    within_tree = group_advantages(rewards, tree_id, eps=eps, scale=scale)
+    return within_tree + group_advantages(rewards, group_id, eps=eps, scale=scale)
 
 
 def policy_loss(

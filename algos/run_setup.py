@@ -107,7 +107,9 @@ def make_collector(config: Config, agent: Any, shard: tuple[int, int]) -> Any:
 
     import envs  # noqa: F401  (registers the env ids)
     from agents.collector import RolloutCollector
+    from agents.tree import TreeShape
 
+    tree = TreeShape(config.tree_roots, config.tree_branches, config.tree_branch_turns)
     return RolloutCollector(
         lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
         agent,
@@ -116,6 +118,7 @@ def make_collector(config: Config, agent: Any, shard: tuple[int, int]) -> Any:
         indices=lambda size: training_indices(config, size),
         seed=config.seed,
         shard=shard,
+        tree=tree if config.rollout == "tree" else None,
     )
 
 

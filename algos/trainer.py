@@ -50,6 +50,7 @@ from algos.losses import (
     sft_loss,
     tis_weights,
     total_loss,
+    tree_advantages,
 )
 from algos.run import TrainingRun, TrainingStopped, lr_factor, make_weighting, sync
 from algos.sft_data import sample_indices
@@ -286,7 +287,11 @@ class Trainer(TrainingRun):
         """
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
         group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)  # (B,)
-        adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
+        if trajectories and all(t.tree_id is not None for t in trajectories):  # --rollout tree
+            tree_id = torch.tensor([t.tree_id for t in trajectories], dtype=torch.long)  # (B,)
+            adv = tree_advantages(rewards, group_id, tree_id, scale=self.config.advantage_std_scale)  # (B,)
+        else:
+            adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
         batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}

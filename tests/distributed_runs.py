@@ -108,6 +108,49 @@ class RankDraws(VaryingRewards):
         torch.save(rng_state(), out / f"{when}_rank{self.world.rank}.pt")
 
 
+class SearchFirst:
+    """Wraps a sampler: a flat context that holds no search results yet gets a search call after the model's own
+    sampled text, so episodes of the tiny random model search once and can branch there (`agents.tree`)."""
+
+    def __init__(self, inner: Any, query: str = "Ed Wood") -> None:
+        self.inner, self.call = inner, f"<search>{query}</search>"
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, max_context, release, ...
+        return getattr(self.inner, name)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
+        from agents.records import Completion
+        from envs.protocol import FLAT_INSTRUCTIONS
+
+        out = []
+        for prompt, done in zip(prompts, self.inner.generate(prompts, params), strict=True):
+            seen = self.tokenizer.decode(prompt).count("<information>") - FLAT_INSTRUCTIONS.count("<information>")
+            if seen or done.finish_reason == "error":
+                out.append(done)
+                continue
+            ids = tuple(self.tokenizer(self.call, add_special_tokens=False)["input_ids"])
+            out.append(
+                Completion(done.text + self.call, done.token_ids + ids, done.logprobs + (0.0,) * len(ids), "stop")
+            )
+        return out
+
+
+def _varied_last(trajectories: Sequence[Any]) -> list[Any]:
+    return [dataclasses.replace(t, reward=float(len(t.actions[-1]) % 4)) for t in trajectories]
+
+
+class TreeRewards(SmallEpsTrainer):
+    """Tree rollouts whose episodes search first (`SearchFirst`) and whose rewards differ by the last action's length
+    mod 4: the branches of a tree share their first turn and part after it, so the within-tree advantages are not 0."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent.sampler = self.agent.executor_sampler = SearchFirst(self.agent.sampler)
+
+    def make_batch(self, trajectories: Sequence[Any]) -> Any:
+        return super().make_batch(_varied_last(trajectories))
+
+
 def _train(trainer: SmallEpsTrainer) -> None:
     try:
         trainer.train()
@@ -125,6 +168,14 @@ def grpo(run_dir: Path, fsdp: bool = False) -> None:
     """GRPO, 2 steps."""
     config = preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=fsdp)
     _train(VaryingRewards(config))
+
+
+def grpo_tree(run_dir: Path) -> None:
+    """GRPO on tree rollouts (``--rollout tree``: 2 trees of 2 episodes per question), 2 steps."""
+    config = preset_config(
+        "tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, rollout="tree", group_size=4
+    )
+    _train(TreeRewards(config))
 
 
 def ppo(run_dir: Path, fsdp: bool = False) -> None:
@@ -210,6 +261,7 @@ def red_grpo_plain_to_fsdp(run_dir: Path) -> None:
 RUNS = {
     "sft": sft,
     "grpo": grpo,
+    "grpo_tree": grpo_tree,
     "ppo": ppo,
     "red_grpo_resumed": red_grpo_resumed,
     "sft_fsdp": sft_fsdp,

@@ -83,7 +83,7 @@ def _files(run_dir: Path) -> list[str]:
     return sorted("/".join(f) for f in found if "wandb" not in f and not (f[0] == "checkpoints" and len(f) > 2))
 
 
-@pytest.mark.parametrize("name", ["sft", "grpo", "ppo", "sft_fsdp", "grpo_fsdp", "ppo_fsdp"])
+@pytest.mark.parametrize("name", ["sft", "grpo", "grpo_tree", "ppo", "sft_fsdp", "grpo_fsdp", "ppo_fsdp"])
 def test_two_processes_train_what_one_process_trains(name, two_processes, one_process):
     one, two = one_process(name), two_processes / name
     _assert_same_weights(one, two)
