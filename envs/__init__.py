@@ -26,8 +26,9 @@ OTHER_ENV_IDS = {
     "RedCoda-QueryRewrite-v0": "envs.query_rewrite:QueryRewriteEnv",
     "RedCoda-Task-v0": "envs.tasks:TaskEnv",
 }
-"""Registered ids of the other envs and their entry points. RedCoda-Task-v0 needs task_file=PATH and
-trust_code=True (loading a task file runs its code), or task=Task(...)."""
+"""Registered ids of the other envs and their entry points. RedCoda-Task-v0 plays the bundled example task; give
+it your own with task_file=PATH and trust_code=True (loading a task file runs its code), or task=Task(...).
+Every registered id makes with no arguments (`gym.make(id)`)."""
 
 for _env_id, _kwargs in ENV_IDS.items():
     if _env_id not in registry:

@@ -96,12 +96,17 @@ def _excerpt(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 @functools.lru_cache(maxsize=8)
 def dataset_corpus(dataset: str, corpus_path: str | None = None):
     """The closed corpus of a dataset: HotpotQA's bundled corpus (or `corpus_path`), or the pooled
-    paragraphs of all bundled questions for MuSiQue and 2Wiki. Cached per process."""
+    paragraphs of all bundled questions for MuSiQue and 2Wiki. Cached per process.
+
+    Bamboogle ships no paragraphs (its questions were written against web search), so it searches the bundled
+    HotpotQA Wikipedia corpus: an env that runs offline, where few answers are found; a server over a full
+    Wikipedia (``retriever=URL``) is its real setting.
+    """
     from retrievers.corpus import Corpus
 
     if corpus_path is not None:
         return Corpus.from_jsonl(corpus_path)
-    if dataset == "hotpotqa":
+    if dataset in ("hotpotqa", "bamboogle"):
         return Corpus.from_jsonl(bundled_path("hotpotqa", "corpus"), name="hotpotqa")
     if dataset in ("musique", "2wiki"):
         return Corpus.from_passages(pooled_passages(load_examples(dataset, "dev"), dataset), name=dataset)
@@ -191,7 +196,7 @@ class RAGEnv(gym.Env[str, str]):
     | retriever | None | None (BM25; pure Python without `lucene`), a `retrievers.factory` kind, a URL, a Retriever |
     | corpus | "pooled" | pooled (search the whole corpus) or distractor (only the question's own paragraphs) |
     | data_path | None | an official data file to use instead of the bundled split |
-    | corpus_path | None | a Search-R1-format corpus file to use instead of the bundled corpus |
+    | corpus_path | None | a Search-R1-format corpus file instead of the bundled one (bamboogle has none: HotpotQA's) |
     | top_k | 3 | passages per search |
     | max_passage_words | 80 | words kept of each passage |
     | max_turns | 4 | flat: turns (actions) per episode |

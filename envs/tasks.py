@@ -2,8 +2,8 @@
 
     ******************************************************************************************************
     *  LOADING A TASK FILE RUNS THE PYTHON CODE IN IT, with your permissions, in this process. Load only  *
-    *  task files you wrote or have read. Nothing here loads a task file implicitly: `load_task` and      *
-    *  `gym.make("RedCoda-Task-v0", ...)` refuse unless you pass `trust_code=True`.                       *
+    *  task files you wrote or have read. Nothing here loads a file of yours implicitly: `load_task` and  *
+    *  `gym.make("RedCoda-Task-v0", task_file=...)` refuse unless you pass `trust_code=True`.             *
     ******************************************************************************************************
 
 A researcher trains on a new task by writing a task file instead of an env:
@@ -13,7 +13,8 @@ A researcher trains on a new task by writing a task file instead of an env:
     obs, info = env.reset(options={"index": 0})
     obs, reward, terminated, truncated, info = env.step("<think>3 * 4 = 12</think><answer>12</answer>")
 
-The task file's format is `load_task`'s; the functions a task defines, and what they get, are `Task`'s.
+The task file's format is `load_task`'s; the functions a task defines, and what they get, are `Task`'s. With no
+task given, ``gym.make("RedCoda-Task-v0")`` plays that example (`EXAMPLE_TASK_FILE`, part of this package).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ TASK_KEYS = frozenset(
 """Keys a task file may hold."""
 FUNCTION_NAMES = ("score", "split_turn", "is_done", "feedback")
 """Functions a task's code may define (score is required)."""
+EXAMPLE_TASK_FILE = Path(__file__).parent / "tasks" / "example_arithmetic.yaml"
+"""The example task shipped with RedCoda (12 arithmetic word problems): TaskEnv's task when none is given."""
 
 UNTRUSTED_MESSAGE = (
     "loading task file {path} runs the Python code in it (its `code` or `module`) with your permissions. "
@@ -294,7 +297,8 @@ class TaskEnv(gym.Env[str, str]):
     """A multi-turn text task defined by a task file (or a `Task`): prompts, answers and scoring functions.
 
     WARNING: building this env from a task file RUNS THE PYTHON CODE IN THE FILE. It refuses unless
-    ``trust_code=True`` is passed; see `envs.tasks` for the file format.
+    ``trust_code=True`` is passed; see `envs.tasks` for the file format. Given neither a task file nor a task, it
+    plays RedCoda's own example task (`EXAMPLE_TASK_FILE`: arithmetic word problems).
 
     ## Description
     Each episode is one item of the task. The first observation is the task's system prompt and the item's
@@ -325,7 +329,7 @@ class TaskEnv(gym.Env[str, str]):
     ## Arguments
     | argument | default | meaning |
     |---|---|---|
-    | task_file | None | a task file (YAML); loading it runs its code |
+    | task_file | None | a task file (YAML); loading it runs its code. None (and no task): `EXAMPLE_TASK_FILE` |
     | trust_code | False | must be True with task_file: you accept that the file's code runs |
     | task | None | a `Task` built in Python, instead of task_file |
     | max_turns | None | overrides the task's max_turns |
@@ -347,8 +351,10 @@ class TaskEnv(gym.Env[str, str]):
         max_action_chars: int = 16384,
         render_mode: str | None = None,
     ) -> None:
-        if (task_file is None) == (task is None):
-            raise ValueError("give a task: task_file=PATH with trust_code=True (its code will run), or task=Task(...)")
+        if task_file is not None and task is not None:
+            raise ValueError("give one task: task_file=PATH with trust_code=True (its code runs), or task=Task(...)")
+        if task_file is None and task is None:  # RedCoda's own example, shipped in the package: nothing to trust
+            task_file, trust_code = EXAMPLE_TASK_FILE, True
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.task = task if task is not None else load_task(task_file, trust_code=trust_code)

@@ -12,7 +12,7 @@ from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
 import envs
-from envs.tasks import Task, TaskCodeError, TaskEnv, TaskItem, load_task
+from envs.tasks import EXAMPLE_TASK_FILE, Task, TaskCodeError, TaskEnv, TaskItem, load_task
 
 EXAMPLE = Path(envs.__file__).parent / "tasks" / "example_arithmetic.yaml"
 ENV_ID = "RedCoda-Task-v0"
@@ -54,8 +54,9 @@ def test_a_task_file_never_loads_without_trust_code(tmp_path):
     assert not marker.exists()
     load_task(path, trust_code=True)
     assert marker.read_text() == "code ran"
-    with pytest.raises(ValueError, match="trust_code=True"):
-        gym.make(ENV_ID)
+    with pytest.raises(ValueError, match="give one task"):
+        gym.make(ENV_ID, task_file=str(path), trust_code=True, task=load_task(path, trust_code=True))
+    assert Path(gym.make(ENV_ID).unwrapped.task.source) == EXAMPLE_TASK_FILE.resolve()  # no task: our own example
 
 
 # --- the example task end to end -------------------------------------------------------------------------------------
