@@ -35,6 +35,10 @@ BUNDLED_SPLITS = {
     "bamboogle": ("test",),
 }
 _BUNDLED_DIR = {"hotpotqa": "hotpotqa", "musique": "musique", "2wiki": "2wikimultihopqa", "bamboogle": "bamboogle"}
+SEARCH_R1_SOURCES = {"2wiki": "2wikimultihopqa"}
+"""Our dataset names that Search-R1 spells otherwise: its reward dispatcher (`_select_rm_score_fn`) knows nq,
+triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique and bamboogle as `data_source`."""
+_OUR_NAMES = {theirs: ours for ours, theirs in SEARCH_R1_SOURCES.items()}
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,8 @@ def musique_example(row: dict[str, Any]) -> QAExample:
 
 def flashrag_example(row: dict[str, Any], dataset: str = "bamboogle") -> QAExample:
     """A QAExample from a FlashRAG row (`id, question, golden_answers`; no passages) or a Search-R1 row (the same
-    fields, or only `question` with `reward_model.ground_truth.target`); `data_source` names the dataset."""
+    fields, or only `question` with `reward_model.ground_truth.target`); `data_source` names the dataset (in
+    Search-R1's spelling or ours)."""
     answers = row.get("golden_answers")
     if answers is None:
         answers = row["reward_model"]["ground_truth"]["target"]
@@ -213,11 +218,12 @@ def flashrag_example(row: dict[str, Any], dataset: str = "bamboogle") -> QAExamp
     if not answers:
         raise ValueError("the row has no gold answer")
     extra = row.get("extra_info") or {}
+    source = str(row.get("data_source") or dataset)
     return QAExample(
         id=str(row.get("id", extra.get("index", ""))),
         question=row["question"],
         answers=answers,
-        dataset=str(row.get("data_source") or dataset),
+        dataset=_OUR_NAMES.get(source, source),
     )
 
 
@@ -327,8 +333,10 @@ def search_r1_rows(examples: Sequence[QAExample], split: str = "train") -> list[
     """Search-R1 training rows of these questions (its `scripts/data_process/nq_search.py` layout).
 
     Each row keeps FlashRAG's `id`, `question` and `golden_answers` and adds what Search-R1's trainer reads:
-    `data_source`, `prompt` (one user message: Search-R1's instructions, ours with <refine>, then the question),
-    `ability`, `reward_model` (`{"style": "rule", "ground_truth": {"target": answers}}`) and `extra_info`.
+    `data_source` (Search-R1's name of the dataset, `SEARCH_R1_SOURCES`), `prompt` (one user message: Search-R1's
+    instructions, ours with <refine>, then the question), `ability`, `reward_model` (`{"style": "rule",
+    "ground_truth": {"target": answers}}`) and `extra_info`. As its script does, the question is stripped and ends
+    with "?" (one is added when missing), in `question` and in the prompt alike.
     """
     from envs.protocol import FLAT_INSTRUCTIONS
 
@@ -340,9 +348,9 @@ def search_r1_rows(examples: Sequence[QAExample], split: str = "train") -> list[
         rows.append(
             {
                 "id": example.id,
-                "question": example.question,
+                "question": question,
                 "golden_answers": list(example.answers),
-                "data_source": example.dataset,
+                "data_source": SEARCH_R1_SOURCES.get(example.dataset, example.dataset),
                 "prompt": [{"role": "user", "content": f"{FLAT_INSTRUCTIONS} Question: {question}\n"}],
                 "ability": "fact-reasoning",
                 "reward_model": {"style": "rule", "ground_truth": {"target": list(example.answers)}},

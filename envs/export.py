@@ -4,7 +4,9 @@
     python -m envs.export --dataset bamboogle --split test --format flashrag --out bamboogle_test.jsonl
 
 The output reads back with `gym.make("RedCoda-HotpotQA-v0", data_path=FILE)` (same questions and answers, in the
-same order). A `.parquet` path needs pyarrow; any other path is JSON lines (gzip for `.gz`). Row layouts: docs/data.md.
+same order). Search-R1 rows are what its trainer expects: `data_source` in its reward dispatcher's spelling
+(2wiki is 2wikimultihopqa) and each question ending with "?", as its nq_search.py writes them. A `.parquet` path
+needs pyarrow; any other path is JSON lines (gzip for `.gz`). Row layouts: docs/data.md.
 """
 
 from __future__ import annotations
