@@ -61,8 +61,9 @@ class TrainingStopped(RuntimeError):
 
 
 def make_weighting(config: Config) -> SFTWeighting:
-    """The SFT weighting rule of ``config.algo``: NoSFT (grpo, ppo, archer), FixedSFT (grpo_sft, sft) or RED."""
-    if config.algo in ("grpo", "ppo", "archer"):
+    """The SFT weighting rule of ``config.algo``: NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft)
+    or RED. grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.expert_groups`)."""
+    if config.algo in ("grpo", "grpo_expert", "ppo", "archer"):
         return NoSFT()
     if config.algo in ("grpo_sft", "sft"):
         return FixedSFT()

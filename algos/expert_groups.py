@@ -1,0 +1,277 @@
+"""Expert trajectories inside the GRPO groups: oracle episodes of a step's questions join their groups off-policy.
+
+The fourth way to mix demonstrations into RL, beside GRPO + fixed SFT, GRPO + RED (an SFT term) and none: as in
+LUFFY (arXiv 2504.14945) and David-GRPO (arXiv 2601.21699), a demonstration is a member of its question's group, so
+its advantage is measured against the group's own failures, and its tokens get the policy-gradient term of an
+off-policy sample (`algos.off_policy`). `ExpertTrainer` states the step; `python -m algos.grpo_expert` runs it.
+
+    python -m algos.grpo_expert --preset tiny --run-dir /tmp/expert-tiny
+    python -m algos.grpo_expert --expert-members 1 --expert-shaping 0.1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from agents.collate import collate_trajectories
+from agents.records import Trajectory
+from algos import distributed, run_setup
+from algos.config import Config
+from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, tree_advantages
+from algos.off_policy import shaped_expert_loss
+from algos.setting_checks import at_least, check_rules, positive
+from algos.trainer import Rollouts, Trainer, rewards_tied
+
+__all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer", "oracle_agent"]
+
+
+@dataclass(frozen=True)
+class ExpertConfig(Config):
+    """Settings of a GRPO run with expert (oracle) episodes inside its groups: the shared ones and the experts'."""
+
+    expert_members: int = 1
+    """Oracle episodes that join each question's group beside its group_size sampled ones (the oracle is
+    deterministic, so more than 1 repeats the same episode: its tokens weigh that many times)."""
+    expert_shaping: float = 0.1
+    """LUFFY's gamma in the expert tokens' shaped ratio pi / (pi + gamma); smaller lifts unlikely tokens more."""
+    grounded_expansion: bool = False
+    """Resample each group's best episode from its earliest point of full evidence; a better continuation replaces
+    the group's worst episode."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_rules(
+            self,
+            (
+                ("expert_members", at_least(1), ">= 1"),
+                ("expert_shaping", positive, "> 0"),
+            ),
+        )
+
+
+EXPERT_METRICS = (
+    "expert/group_share",
+    "expert/members",
+    "expert/skipped_share",
+    "expert/advantage_mean",
+    "expert/reward_mean",
+    "expert/token_share",
+    "expert/shaped_ratio_mean",
+    "expert/prob_mean",
+)
+"""The metrics every step logs about the expert members (NaN where a step had none to measure)."""
+
+
+def oracle_agent(config: Config, tokenizer: Any) -> Any:
+    """The oracle of the run's demonstrations (`algos.sft_data.build_oracle_demonstrations`'s settings)."""
+    from agents.oracle import OracleAgent
+
+    return OracleAgent(
+        tokenizer,
+        seed=config.seed,
+        max_searches=config.max_search_turns,
+        quote_words=config.quote_words,
+        follow_bridge=config.follow_bridge,
+        restate_question=config.restate_question,
+        min_searches=config.min_searches,
+        results_queries=config.results_queries,
+    )
+
+
+class ExpertTrainer(Trainer):
+    """The shared loop with oracle episodes as off-policy members of the GRPO groups.
+
+    One step, on the shared loop of `algos.trainer.Trainer`:
+
+        1. trajectories = collector.collect()                  # G sampled episodes for each of B questions
+        2. experts = oracle.rollout(same envs, same questions)  # expert_members per question, the env's reward;
+                                                                # failed ones (F1 0, ungrounded, too long) skipped
+        3. adv = group_advantages(rewards of both, group_id)    # an expert is one more member of its group
+        4. loss = loss_pg(on-policy tokens: clipped, r = pi / pi_old)
+                + loss_expert(expert tokens: -adv * pi / (pi + gamma), unclipped)   # one token mean over both
+                [+ kl_coef * loss_kl(on-policy tokens)]
+        5. backward micro-batch by micro-batch, clip, AdamW (as every learner)
+
+    Decisions a reader may need:
+
+    - Where the experts come from: the oracle (`agents.oracle.OracleAgent`, the settings of the run's
+      demonstrations) plays each question of the step live, through this rank's own envs (the collector's, after
+      its rollouts ended), so an expert's episode is the env's, scored by the env's reward like any other. The
+      cached demonstrations (`algos.sft_data`) are not used: they cover only the split's first ``sft_num_demos``
+      questions, keep no reward, and are cut to balance yes/no answers and question kinds, so most of a step's
+      questions would have none. An oracle episode that fails (F1 0, or not grounded: it could not have been played
+      from its own context) or that does not fit the model's context is skipped; its group keeps only its sampled
+      episodes. A group never spans ranks, so the experts of a rank's groups are played on that rank.
+    - The importance weight (`algos.off_policy`): the oracle is not a sampling policy and has no log-probs, so its
+      behaviour probability is taken as 1 and the token's ratio is pi itself, shaped as LUFFY's ``pi / (pi + gamma)``
+      so that the expert tokens the policy finds unlikely keep their gradient; no clip on expert tokens. On-policy
+      tokens keep the clipped loss (and truncated importance weights under ``--tis-cap``); one token mean over every
+      sampled and expert token of the batch. The KL term (``--kl-coef``) sees only on-policy tokens: its estimators
+      assume tokens drawn from the policy.
+    - What the step's metrics say: rewards, F1 and the other episode metrics are the sampled episodes' only; the
+      RL entropy estimate and, with recomputed old log-probs, the sampler mismatch are over the sampled tokens only
+      (an expert token's log-prob 0 is a convention, not a measurement). A step counts as tied (the next one then
+      collects a probe batch, ``--tie-probe-questions``) only when the groups tie with their expert members in.
+      ``rl/clip_fraction`` and ``rl/approx_kl`` are over the on-policy tokens; `EXPERT_METRICS` describe the experts.
+    """
+
+    def init_learner(self) -> None:
+        self.oracle = oracle_agent(self.config, self.tokenizer)
+        self.max_context = run_setup.context_limit(self.config, self.policy)
+        self._expert_counts: dict[str, float] = {}
+
+    # --- the experts ---------------------------------------------------------------------------------------
+    def expert_episodes(self, trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
+        """The oracle's episodes of the questions of `trajectories`, in their groups; and how many were played.
+
+        Each question (group) gets ``expert_members`` oracle episodes with its ``group_id``; the failed ones (see
+        the class docstring) are left out.
+        """
+        members = self.config.expert_members
+        questions = {t.group_id: t.example_index for t in trajectories}  # group -> question, in order
+        jobs = [(group, index) for group, index in questions.items() for _ in range(members)]
+        envs = self.collector.envs
+        played: list[Trajectory] = []
+        for lo in range(0, len(jobs), len(envs)):
+            chunk = jobs[lo : lo + len(envs)]
+            played += self.oracle.rollout(
+                envs[: len(chunk)],
+                [index for _, index in chunk],
+                [group for group, _ in chunk],
+                seed=self.config.seed * 1_000_003 + self.step,
+            )
+        return [t for t in played if self.usable(t)], len(played)
+
+    def usable(self, episode: Trajectory) -> bool:
+        """Whether an oracle episode may join its group: it answered (F1 > 0) from evidence it was shown, and each
+        of its contexts fits the model's."""
+        info = episode.info
+        return (
+            float(info.get("f1", 0.0)) > 0
+            and bool(info.get("oracle_grounded", False))
+            and all(len(g.token_ids) <= self.max_context for g in episode.generations)
+        )
+
+    # --- the step ------------------------------------------------------------------------------------------
+    def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
+        """The RL batch of the sampled episodes and their groups' expert members, each row marked ``expert``."""
+        cfg = self.config
+        experts, played = self.expert_episodes(trajectories)
+        episodes = [*trajectories, *experts]
+        is_expert = torch.tensor([False] * len(trajectories) + [True] * len(experts))  # (B,)
+        rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
+        group_id = torch.tensor([t.group_id for t in episodes], dtype=torch.long)  # (B,)
+        if trajectories and all(t.tree_id is not None for t in trajectories):  # --rollout tree
+            # an expert is a tree of its own (-1, -2, ...): its within-tree term is 0, its within-group term counts
+            tree_id = torch.tensor(
+                [t.tree_id for t in trajectories] + [-1 - k for k in range(len(experts))], dtype=torch.long
+            )  # (B,)
+            adv = tree_advantages(rewards, group_id, tree_id, scale=cfg.advantage_std_scale)  # (B,)
+        else:
+            adv = group_advantages(rewards, group_id, scale=cfg.advantage_std_scale)  # (B,)
+        batch = collate_trajectories(episodes, pad_token_id=self.pad_id)
+        batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
+        batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
+        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
+        if cfg.recompute_old_logp:  # the sampled rows only: an expert has no sampler to compare with
+            rows = torch.nonzero(~batch["expert"]).squeeze(-1)  # (n,)
+            sampled = batch[rows]
+            metrics.update(self._old_logp(sampled))
+            batch["old_logp"][rows] = sampled["old_logp"]
+            if "is_weight" in sampled.keys():
+                batch["is_weight"] = torch.zeros_like(batch["old_logp"])  # (N, T-1): unused on expert rows
+                batch["is_weight"][rows] = sampled["is_weight"]
+        self._expert_counts = {
+            "groups": float(len({t.group_id for t in trajectories})),
+            "groups_with_expert": float(len({t.group_id for t in experts})),
+            "members": float(len(experts)),
+            "played": float(played),
+            "advantage_sum": float(adv[is_expert].sum()),
+            "reward_sum": float(rewards[is_expert].sum()),
+            "untied": float(not rewards_tied(episodes)),
+        }
+        return batch, metrics
+
+    def collect_rollouts(self) -> Rollouts:
+        """The shared first half of the step, with the entropy estimate over the sampled tokens only, the tie test
+        over the groups with their experts, and the experts' counts over every rank (`EXPERT_METRICS`)."""
+        rollouts = super().collect_rollouts()
+        batch = rollouts.batch
+        sampled = batch["loss_mask"] & ~batch["expert"].unsqueeze(-1)  # (N, T-1)
+        rl_entropy = distributed.token_mean(float(entropy_estimate(batch["old_logp"], sampled)), float(sampled.sum()))
+        names = sorted(self._expert_counts)
+        totals = dict(zip(names, distributed.all_sum(*(self._expert_counts[k] for k in names)), strict=True))
+        self.last_step_tied = totals["untied"] == 0  # data parallel: every rank's groups
+        members = totals["members"]
+        nan = float("nan")
+        expert_metrics = {
+            "expert/group_share": totals["groups_with_expert"] / max(totals["groups"], 1.0),
+            "expert/members": members,
+            "expert/skipped_share": 1.0 - members / totals["played"] if totals["played"] else nan,
+            "expert/advantage_mean": totals["advantage_sum"] / members if members else nan,
+            "expert/reward_mean": totals["reward_sum"] / members if members else nan,
+        }
+        return dataclasses.replace(
+            rollouts, rl_entropy=rl_entropy, batch_metrics={**rollouts.batch_metrics, **expert_metrics}
+        )
+
+    def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
+        """``loss_pg`` on the sampled tokens, ``loss_expert`` on the expert tokens (and ``loss_kl`` on the sampled).
+
+        Per-token metrics come back as sums over their own tokens divided by the micro-batch's token count, so the
+        shared backward's token-weighted average makes them shares of every token run; `accumulate_gradients` turns
+        them back into means over their own tokens.
+        """
+        cfg = self.config
+        mask = part["loss_mask"]  # (n, L-1)
+        expert_rows = part["expert"].unsqueeze(-1)  # (n, 1)
+        sampled, expert = mask & ~expert_rows, mask & expert_rows  # (n, L-1) each
+        logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
+        terms = policy_loss(
+            logp,
+            part["old_logp"],
+            part["adv"],
+            sampled,
+            cfg.clip_eps,
+            cfg.clip_eps_high,
+            num_tokens=num_tokens,
+            is_weight=part.get("is_weight", None),
+        )
+        shaped = shaped_expert_loss(logp, part["adv"], expert, cfg.expert_shaping, num_tokens=num_tokens)
+        terms["loss_expert"] = shaped["loss_expert"]
+        n_all = float(mask.sum()) or 1.0
+        sampled_share, expert_share = float(sampled.sum()) / n_all, float(expert.sum()) / n_all
+        terms["clip_fraction"] = terms["clip_fraction"] * sampled_share
+        terms["approx_kl"] = terms["approx_kl"] * sampled_share
+        terms["expert_tokens"] = torch.tensor(expert_share)
+        terms["expert_shaped_ratio"] = shaped["shaped_ratio"] * expert_share
+        terms["expert_prob"] = shaped["prob"] * expert_share
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
+            terms["loss_kl"] = cfg.kl_coef * kl_penalty(
+                logp, ref_logp, sampled, cfg.kl_estimator, num_tokens=num_tokens
+            )
+        return terms
+
+    def accumulate_gradients(
+        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_coef: float = 0.0
+    ) -> dict[str, float]:
+        """The shared gradients of `batch` (`rl_loss_terms`), with the per-token metrics as means over their tokens:
+        ``rl/clip_fraction`` and ``rl/approx_kl`` over the sampled tokens, ``expert/*`` over the expert tokens."""
+        metrics = super().accumulate_gradients(batch, sft_batch, sft_coef)
+        share = metrics.pop("rl/expert_tokens", 0.0)
+        for key in ("rl/clip_fraction", "rl/approx_kl"):
+            if key in metrics:
+                metrics[key] = metrics[key] / (1.0 - share) if share < 1.0 else float("nan")
+        shaped, prob = metrics.pop("rl/expert_shaped_ratio", 0.0), metrics.pop("rl/expert_prob", 0.0)
+        metrics["expert/token_share"] = share
+        metrics["expert/shaped_ratio_mean"] = shaped / share if share else float("nan")
+        metrics["expert/prob_mean"] = prob / share if share else float("nan")
+        return metrics
