@@ -4,13 +4,15 @@
     python -m benchmarks.compare --budget gpu --protocol coda --out runs/compare-gpu-coda
     python -m benchmarks.compare --algos red_grpo grpo_sft grpo_sft:sft_coef=0.4 --seeds 3   # a variant as a system
     python -m benchmarks.compare --algos sft red_grpo grpo_sft --warm-start-steps 24         # RL vs more SFT
+    python -m benchmarks.compare --algos red_grpo grpo_sft grpo_expert --seeds 3            # experts in the groups
 
 For every (system, seed) it trains with `python -m algos.<algo>` in a subprocess on the same env, data order (the
 seed fixes it for every system) and budget, then scores the final model greedily with `algos.evaluation` on the
 same held-out questions in the runs' env, beside the start model (untrained, `--init-model`, or the shared SFT
 warm start of `--warm-start-steps`). A system is an algorithm, or one with trainer settings of its own:
 `grpo_sft:sft_coef=0.4` trains with `--sft-coef 0.4` (any `Config` field, `name=value`, comma-separated), its runs
-in `runs/grpo_sft-sft_coef0.4-seed<s>/`. `sft` is the SFT-only arm: `python -m algos.sft`, its own defaults, with
+in `runs/grpo_sft-sft_coef0.4-seed<s>/`; `grpo_expert` (oracle episodes inside the GRPO groups) also takes its own
+settings, `grpo_expert:expert_shaping=0.2`. `sft` is the SFT-only arm: `python -m algos.sft`, its own defaults, with
 the same budget flags as every other system. Paired by question: RED minus every other system; without RED, `sft`
 minus every other; else the first system minus the rest.
 
@@ -98,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         default=list(ALGOS),
         metavar="SYSTEM",
         help=f"systems to compare: {', '.join(SYSTEM_ALGOS)} (sft: `python -m algos.sft` alone, the same budget), "
-        "or one with its own settings, e.g. grpo_sft:sft_coef=0.4 or sft:lr=5e-5",
+        "or one with its own settings, e.g. grpo_sft:sft_coef=0.4, sft:lr=5e-5 or grpo_expert:expert_shaping=0.2",
     )
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every algorithm")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")

@@ -25,8 +25,10 @@ from typing import IO, Any
 
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
 """The algorithms a comparison trains by default."""
-SYSTEM_ALGOS = (*ALGOS, "sft")
-"""Every algorithm a system may name: `sft` is the SFT-only arm, `python -m algos.sft` under the same budget."""
+SYSTEM_ALGOS = (*ALGOS, "grpo_expert", "sft")
+"""Every algorithm a system may name: `grpo_expert` is GRPO with oracle episodes inside its groups
+(`python -m algos.grpo_expert`, `algos.expert_groups`); `sft` is the SFT-only arm, `python -m algos.sft` under the
+same budget."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,12 @@ def parse_system(spec: str) -> System:
     algo, colon, settings = spec.partition(":")
     if algo not in SYSTEM_ALGOS:
         raise ValueError(f"unknown algorithm {algo!r} in {spec!r} (one of {', '.join(SYSTEM_ALGOS)})")
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    config_cls = Config
+    if algo == "grpo_expert":  # a learner with settings of its own: grpo_expert:expert_shaping=0.2
+        from algos.expert_groups import ExpertConfig
+
+        config_cls = ExpertConfig
+    types = {f.name: f.type for f in dataclasses.fields(config_cls)}
     flags: list[str] = []
     for setting in filter(None, settings.split(",")):
         key, sep, value = setting.partition("=")

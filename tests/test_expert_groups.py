@@ -138,3 +138,19 @@ def test_runs_end_to_end_logs_expert_metrics_and_resumes(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert "expert/group_share" in rows[-1]
+
+
+def test_is_a_system_of_the_comparison_with_settings_of_its_own(tmp_path):
+    from benchmarks.compare import BUDGETS, SYSTEM_ALGOS, parse_system, train_command
+
+    assert "grpo_expert" in SYSTEM_ALGOS
+    system = parse_system("grpo_expert:expert_shaping=0.2,expert_members=2,grounded_expansion=true")
+    assert (
+        system.algo == "grpo_expert"
+        and system.slug == "grpo_expert-expert_shaping0.2-expert_members2-grounded_expansiontrue"
+    )
+    assert system.flags == ("--expert-shaping", "0.2", "--expert-members", "2", "--grounded-expansion")
+    with pytest.raises(ValueError, match="expert_shaping"):
+        parse_system("grpo_sft:expert_shaping=0.2")  # another algorithm's settings lack it
+    command = train_command("grpo_expert", 0, BUDGETS["tiny"], "flat", tmp_path, flags=system.flags)
+    assert command[1:3] == ["-m", "algos.grpo_expert"] and command[-1] == "--grounded-expansion"
