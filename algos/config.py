@@ -60,6 +60,9 @@ class Config:
     """Name of the run (wandb and the default run_dir); None means <algo>-<preset>-seed<seed>."""
     resume: bool = False
     """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
+    resume_changed: bool = False
+    """--resume with settings that differ from the checkpoint's (each named in a warning); without it such a resume
+    is refused, since the steps before and after would train two different runs into one."""
     max_train_minutes: float | None = None
     """Training-time budget: no step starts that would end past it (estimated from the last step); None: off."""
     dist_timeout_seconds: float = 1800.0
@@ -549,9 +552,9 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "restate_question",
     ),
     "run and logging": (
-        "preset", "algo", "seed", "run_dir", "run_name", "resume", "save_every", "keep_checkpoints", "push_to_hub",
-        "wandb", "wandb_project", "progress", "eval_questions", "eval_split", "eval_data_path", "eval_batch_size",
-        "validation_questions", "torch_threads", "fsdp", "dist_timeout_seconds",
+        "preset", "algo", "seed", "run_dir", "run_name", "resume", "resume_changed", "save_every", "keep_checkpoints",
+        "push_to_hub", "wandb", "wandb_project", "progress", "eval_questions", "eval_split", "eval_data_path",
+        "eval_batch_size", "validation_questions", "torch_threads", "fsdp", "dist_timeout_seconds",
     ),
 }  # fmt: skip
 """The ``--help`` groups of `Config`'s flags, in order: each field in exactly one (a learner's own fields, as

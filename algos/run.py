@@ -45,7 +45,7 @@ from algos import distributed, run_control, run_setup
 from algos.batch import masked_head_matches
 from algos.checkpoint import damaged_checkpoints, find_latest, read_state, writing
 from algos.config import Config
-from algos.run_checkpoints import RunCheckpoints
+from algos.run_checkpoints import RunCheckpoints, changed_settings
 from algos.run_finish import RunFinish, print_summary
 from algos.sft_data import load_demonstrations
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
@@ -323,6 +323,19 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 "drop --resume to start a new run (or check --run-dir)"
             )
         saved = read_state(latest).get("config", {})
+        if saved.get("algo", self.config.algo) != self.config.algo:  # its state is another learner's
+            raise DataError(
+                f"--resume: {latest} is a checkpoint of {saved['algo']}, this run is {self.config.algo}: resume it "
+                f"with python -m algos.{saved['algo']}, or start from its weights in another --run-dir with "
+                f"--model {self.run_dir / 'final'} (once it has finished)"
+            )
+        changed = changed_settings(saved, self.config)
+        if changed and not self.config.resume_changed and "lora" not in changed:
+            listing = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise DataError(
+                f"--resume: {latest} was trained with other settings ({listing}); resume with the checkpoint's, "
+                "add --resume-changed to go on with the new ones, or start a new run in another --run-dir"
+            )
         if "lora" in saved and bool(saved["lora"]) != self.config.lora:  # its weights would not fit the policy
             trained = {True: "a LoRA adapter (--lora)", False: "every weight (no --lora)"}
             raise DataError(

@@ -43,6 +43,13 @@ _LEARNER_PREFIX = "learner/"  # checkpoint names of a learner's own tensors (val
 _AVERAGE_PREFIX = "average/"  # checkpoint names of the weight average's tensors (--weight-average)
 _RESUME_MAY_CHANGE = {
     "resume",
+    "resume_changed",
+    "run_dir",
+    "run_name",
+    "push_to_hub",
+    "memory_check",
+    "dist_timeout_seconds",
+    "wandb_project",
     "steps",
     "save_every",
     "keep_checkpoints",
@@ -55,6 +62,17 @@ _RESUME_MAY_CHANGE = {
     "fsdp",
 }
 """Settings a resumed run may change without a warning (they do not change what the steps compute)."""
+
+
+def changed_settings(saved: dict[str, Any], config: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings of `config` that differ from a checkpoint's `saved` ones, as ``{name: (saved, now)}``, leaving out
+    those a resumed run may change (`_RESUME_MAY_CHANGE`) and those the checkpoint does not record."""
+    current = dataclasses.asdict(config)
+    return {
+        k: (saved[k], v)
+        for k, v in current.items()
+        if k not in _RESUME_MAY_CHANGE and k in saved and _jsonable(saved[k]) != _jsonable(v)
+    }
 
 
 class RunCheckpoints:
@@ -139,14 +157,8 @@ class RunCheckpoints:
         self.step = int(state["step"])
         self.last_step_tied = bool(state.get("last_step_tied", False))
         self.elapsed = float(state.get("elapsed", 0.0))
-        saved = state.get("config", {})
-        current = dataclasses.asdict(self.config)
-        changed = {
-            k: (saved[k], v)
-            for k, v in current.items()
-            if k not in _RESUME_MAY_CHANGE and k in saved and _jsonable(saved[k]) != _jsonable(v)
-        }
-        if changed:
+        changed = changed_settings(state.get("config", {}), self.config)
+        if changed:  # allowed by --resume-changed (`algos.run.TrainingRun` refused it otherwise, before the model)
             logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
         ranks = int(state.get("ranks", 1))
         if ranks != self.world.size:  # the state is the global batch's (data order, seeds, whole weights)

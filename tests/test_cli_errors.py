@@ -190,6 +190,40 @@ def test_resuming_with_the_other_lora_setting_is_refused_in_one_line(saved_with_
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # nothing of the refused run was written
 
 
+def test_resuming_with_other_settings_or_another_algorithm_is_refused_in_one_line(tmp_path, capsys):
+    from algos import grpo, red_grpo
+
+    flags = ["--preset", "tiny", "--run-dir", str(tmp_path), "--eval-questions", "0", *DISTRACTOR]
+    grpo.main([*flags, "--steps", "1"])
+    capsys.readouterr()
+    latest = tmp_path / "checkpoints" / "step_000001"
+    for main, extra, start in (
+        (
+            grpo.main,
+            ["--lr", "0.5", "--group-size", "3"],
+            f"error: --resume: {latest} was trained with other settings ",
+        ),
+        (red_grpo.main, [], f"error: --resume: {latest} is a checkpoint of grpo, this run is red_grpo: "),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*flags, "--steps", "2", "--resume", *extra])
+        assert exit_info.value.code == 2
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith(start), line
+        assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # nothing of the refused run written
+    assert "(--group-size 2 -> 3, --lr 0.001 -> 0.5);" in _one_line(
+        _refused(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3"], capsys)
+    )
+    grpo.main([*flags, "--steps", "2", "--resume", "--lr", "0.5", "--resume-changed"])  # allowed, and warned
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def _refused(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(argv)
+    return capsys.readouterr().err
+
+
 # --- the retrieval server's command line ---------------------------------------------------------------------------
 def _serve(*argv: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "retrievers.server", *argv]
