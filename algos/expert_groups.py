@@ -12,6 +12,7 @@ off-policy sample (`algos.off_policy`). `ExpertTrainer` states the step; `python
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,8 @@ class ExpertConfig(Config):
     expert_shaping: float = 0.1
     """LUFFY's gamma in the expert tokens' shaped ratio pi / (pi + gamma); smaller lifts unlikely tokens more."""
     grounded_expansion: bool = False
-    """Resample each group's best episode from its earliest point of full evidence; a better continuation replaces
-    the group's worst episode."""
+    """Resample the rest of each group's best episode from the earliest point its searches had returned every gold
+    title; a continuation that scores more than the group's worst episode replaces it (--rollout group only)."""
 
     def validate(self) -> None:
         super().validate()
@@ -53,6 +54,8 @@ class ExpertConfig(Config):
                 ("expert_shaping", positive, "> 0"),
             ),
         )
+        if self.grounded_expansion and self.rollout == "tree":
+            raise ValueError("--grounded-expansion plays independent episodes: use it with --rollout group")
 
 
 EXPERT_METRICS = (
@@ -90,6 +93,7 @@ class ExpertTrainer(Trainer):
     One step, on the shared loop of `algos.trainer.Trainer`:
 
         1. trajectories = collector.collect()                  # G sampled episodes for each of B questions
+           [--grounded-expansion: trajectories = expand(trajectories), below]
         2. experts = oracle.rollout(same envs, same questions)  # expert_members per question, the env's reward;
                                                                 # failed ones (F1 0, ungrounded, too long) skipped
         3. adv = group_advantages(rewards of both, group_id)    # an expert is one more member of its group
@@ -119,6 +123,11 @@ class ExpertTrainer(Trainer):
       (an expert token's log-prob 0 is a convention, not a measurement). A step counts as tied (the next one then
       collects a probe batch, ``--tie-probe-questions``) only when the groups tie with their expert members in.
       ``rl/clip_fraction`` and ``rl/approx_kl`` are over the on-policy tokens; `EXPERT_METRICS` describe the experts.
+    - Grounded expansion (``--grounded-expansion``, `expand`): a near miss is an episode whose searches returned
+      every gold title and that still answered badly. From the earliest point where the group's best such episode
+      had all its evidence (`evidence_point`), its turns are replayed and the policy samples the rest once more; a
+      continuation that scores more than the group's worst episode takes its place, so the group holds one more
+      on-policy episode that reads the evidence it found (logged as ``expansion/*``). Not with tree rollouts.
     """
 
     def init_learner(self) -> None:
@@ -148,6 +157,74 @@ class ExpertTrainer(Trainer):
             )
         return [t for t in played if self.usable(t)], len(played)
 
+    def evidence_point(self, episode: Trajectory, env: Any) -> int | None:
+        """How many actions `episode` had taken when its searches had returned every gold title of its question (the
+        first such search); None when that never happened while the episode went on.
+
+        Replays the episode's actions through `env` (searches only cost retrieval) and reads the titles of the
+        passages each observation shows (`agents.oracle.shown_passages`), as the env's evidence recall counts them.
+        """
+        from agents.oracle import shown_passages
+        from envs.rewards import title_recall
+
+        if not episode.search_ends or float(episode.info.get("recall", 1.0)) < 1.0:
+            return None
+        gold = env.unwrapped.examples[episode.example_index].gold_titles
+        env.reset(options={"index": episode.example_index})
+        seen: set[str] = set()
+        for count, action in enumerate(episode.actions[: episode.search_ends[-1]], start=1):
+            obs, _, terminated, truncated, _ = env.step(action)
+            seen.update(title for title, _ in shown_passages(obs))
+            if count in episode.search_ends and title_recall(seen, gold) == 1.0:
+                return count
+            if terminated or truncated:
+                break
+        return None
+
+    def expand(self, trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """Grounded expansion: each group's best sampled episode that gathered all its evidence is replayed up to
+        that point (`evidence_point`) and the policy samples the rest once more; a continuation whose reward beats
+        the group's worst episode replaces it.
+
+        The best is the highest-reward episode among the group's that had every gold title in view with turns
+        left (the first on a tie); the continuation replays its turns (same tokens and log-probs, the env steps
+        through them again: `ContextAgent.rollout`'s ``scripts``) and is an on-policy episode of the same step, so
+        it trains like any. Returns the episodes (the replaced ones swapped in place) and the counts that
+        `collect_rollouts` logs as ``expansion/*``.
+        """
+        envs = self.collector.envs
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(trajectories):
+            groups.setdefault(t.group_id, []).append(i)
+        starts: list[tuple[int, int, int]] = []  # (group, best, actions replayed)
+        for group, rows in groups.items():
+            points = {i: self.evidence_point(trajectories[i], envs[0]) for i in rows}
+            ready = [i for i in rows if points[i] is not None]
+            if ready:
+                best = max(ready, key=lambda i: trajectories[i].reward)  # the first of the best on a tie
+                starts.append((group, best, int(points[best])))
+        out = list(trajectories)
+        replaced, gain = 0, 0.0
+        for lo in range(0, len(starts), len(envs)):
+            chunk = starts[lo : lo + len(envs)]
+            with self.autocast():  # as the rollouts sampled
+                played = self.agent.rollout(
+                    envs[: len(chunk)],
+                    [trajectories[best].example_index for _, best, _ in chunk],
+                    [group for group, _, _ in chunk],
+                    seed=self.config.seed * 1_000_003 + self.step + 104_729,
+                    members=[self.config.group_size] * len(chunk),  # a sampling stream none of the group's used
+                    scripts=[trajectories[best].turns[:count] for _, best, count in chunk],
+                )
+            for (group, _, _), continuation in zip(chunk, played, strict=True):
+                worst = min(groups[group], key=lambda i: out[i].reward)
+                if continuation.reward > out[worst].reward:
+                    gain += continuation.reward - out[worst].reward
+                    out[worst] = continuation
+                    replaced += 1
+        counts = {"expansion_groups": float(len(starts)), "expansion_replaced": float(replaced), "expansion_gain": gain}
+        return out, counts
+
     def usable(self, episode: Trajectory) -> bool:
         """Whether an oracle episode may join its group: it answered (F1 > 0) from evidence it was shown, and each
         of its contexts fits the model's."""
@@ -162,7 +239,17 @@ class ExpertTrainer(Trainer):
     def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
         """The RL batch of the sampled episodes and their groups' expert members, each row marked ``expert``."""
         cfg = self.config
+        expansion = {"expansion_groups": 0.0, "expansion_replaced": 0.0, "expansion_gain": 0.0}
+        metrics: dict[str, float] = {}
+        if cfg.grounded_expansion:
+            seconds, tokens = self.sampler.seconds, self.sampler.tokens
+            start = time.perf_counter()
+            trajectories, expansion = self.expand(trajectories)
+            metrics["time/expansion"] = time.perf_counter() - start
+            self.sampler.seconds, self.sampler.tokens = seconds, tokens  # time/generation stays the rollouts'
+        start = time.perf_counter()
         experts, played = self.expert_episodes(trajectories)
+        metrics["time/experts"] = time.perf_counter() - start
         episodes = [*trajectories, *experts]
         is_expert = torch.tensor([False] * len(trajectories) + [True] * len(experts))  # (B,)
         rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
@@ -178,7 +265,7 @@ class ExpertTrainer(Trainer):
         batch = collate_trajectories(episodes, pad_token_id=self.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
-        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
+        metrics["critic/advantages/abs_mean"] = float(adv.abs().mean())
         if cfg.recompute_old_logp:  # the sampled rows only: an expert has no sampler to compare with
             rows = torch.nonzero(~batch["expert"]).squeeze(-1)  # (n,)
             sampled = batch[rows]
@@ -195,6 +282,7 @@ class ExpertTrainer(Trainer):
             "advantage_sum": float(adv[is_expert].sum()),
             "reward_sum": float(rewards[is_expert].sum()),
             "untied": float(not rewards_tied(episodes)),
+            **expansion,
         }
         return batch, metrics
 
@@ -217,6 +305,15 @@ class ExpertTrainer(Trainer):
             "expert/advantage_mean": totals["advantage_sum"] / members if members else nan,
             "expert/reward_mean": totals["reward_sum"] / members if members else nan,
         }
+        if self.config.grounded_expansion:
+            groups, replaced = max(totals["groups"], 1.0), totals["expansion_replaced"]
+            expert_metrics.update(
+                {
+                    "expansion/group_share": totals["expansion_groups"] / groups,
+                    "expansion/replaced_share": replaced / groups,
+                    "expansion/reward_gain": totals["expansion_gain"] / replaced if replaced else nan,
+                }
+            )
         return dataclasses.replace(
             rollouts, rl_entropy=rl_entropy, batch_metrics={**rollouts.batch_metrics, **expert_metrics}
         )

@@ -3,6 +3,7 @@ tensors, and the learner on a tiny real model, the real QA env, the real oracle 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -70,56 +71,84 @@ def test_expert_loss_sees_only_its_mask():
     assert empty["loss_expert"].item() == 0.0 and empty["shaped_ratio"].item() == 0.0
 
 
-def test_expert_member_advantage_is_relative_to_its_group(tmp_path):
-    trainer = _trainer(tmp_path, "groups", questions_per_step=2, group_size=2)
-    try:
-        sampled = trainer.collector.collect()
-        batch, metrics = trainer.make_batch(sampled)
-        experts = batch["expert"]  # (N,)
-        assert experts.any() and not experts.all()
-        assert batch["loss_mask"][experts].any()
-        rewards = {int(e): float(r) for e, r in zip(batch["episode_id"], batch["reward"], strict=True)}
-        groups = {int(e): int(g) for e, g in zip(batch["episode_id"], batch["group_id"], strict=True)}
-        episodes = sorted(rewards)
-        adv = group_advantages(
-            torch.tensor([rewards[e] for e in episodes]), torch.tensor([groups[e] for e in episodes])
-        )  # (B,): every member of a group, the expert too
-        assert torch.allclose(batch["adv"], adv[batch["episode_id"]])
-        alone = group_advantages(
-            torch.tensor([t.reward for t in sampled]), torch.tensor([t.group_id for t in sampled])
-        )  # without the experts
-        sampled_rows = ~experts
-        assert not torch.allclose(batch["adv"][sampled_rows], alone[batch["episode_id"][sampled_rows]])
-        assert (batch["adv"][experts] > 0).all()  # the oracle answers; the untrained model does not
-        assert batch["old_logp"][experts].abs().sum() == 0  # the oracle's behaviour probability is 1
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    built = _trainer(tmp_path_factory.mktemp("expert"), "groups", grounded_expansion=True)
+    yield built
+    built.close()
 
-        # the micro-batch's terms: the clipped loss on the sampled tokens, the shaped one on the expert tokens
-        num_tokens = float(batch["loss_mask"].sum())
-        part = trainer._rows(batch, range(batch.batch_size[0]))
-        with torch.no_grad():
-            terms = trainer.rl_loss_terms(part, num_tokens)
-            logp, _ = trainer._logprobs(trainer.policy, part)
-        mask, rows = part["loss_mask"], part["expert"].unsqueeze(-1)
-        want_pg = policy_loss(logp, part["old_logp"], part["adv"], mask & ~rows, num_tokens=num_tokens)["loss_pg"]
-        want_expert = shaped_expert_loss(logp, part["adv"], mask & rows, 0.1, num_tokens=num_tokens)["loss_expert"]
-        assert terms["loss_pg"].item() == pytest.approx(want_pg.item(), rel=1e-5)
-        assert terms["loss_expert"].item() == pytest.approx(want_expert.item(), rel=1e-5)
-        assert terms["loss_expert"].item() < 0  # positive advantages on the expert tokens
-    finally:
-        trainer.close()
+
+def test_expert_member_advantage_is_relative_to_its_group(trainer):
+    sampled = trainer.collector.collect()
+    batch, metrics = trainer.make_batch(sampled)
+    experts = batch["expert"]  # (N,)
+    assert experts.any() and not experts.all()
+    assert batch["loss_mask"][experts].any()
+    rewards = {int(e): float(r) for e, r in zip(batch["episode_id"], batch["reward"], strict=True)}
+    groups = {int(e): int(g) for e, g in zip(batch["episode_id"], batch["group_id"], strict=True)}
+    episodes = sorted(rewards)
+    adv = group_advantages(
+        torch.tensor([rewards[e] for e in episodes]), torch.tensor([groups[e] for e in episodes])
+    )  # (B,): every member of a group, the expert too
+    assert torch.allclose(batch["adv"], adv[batch["episode_id"]])
+    alone = group_advantages(
+        torch.tensor([t.reward for t in sampled]), torch.tensor([t.group_id for t in sampled])
+    )  # without the experts
+    sampled_rows = ~experts
+    assert not torch.allclose(batch["adv"][sampled_rows], alone[batch["episode_id"][sampled_rows]])
+    assert (batch["adv"][experts] > 0).all()  # the oracle answers; the untrained model does not
+    assert batch["old_logp"][experts].abs().sum() == 0  # the oracle's behaviour probability is 1
+
+    # the micro-batch's terms: the clipped loss on the sampled tokens, the shaped one on the expert tokens
+    num_tokens = float(batch["loss_mask"].sum())
+    part = trainer._rows(batch, range(batch.batch_size[0]))
+    with torch.no_grad():
+        terms = trainer.rl_loss_terms(part, num_tokens)
+        logp, _ = trainer._logprobs(trainer.policy, part)
+    mask, rows = part["loss_mask"], part["expert"].unsqueeze(-1)
+    want_pg = policy_loss(logp, part["old_logp"], part["adv"], mask & ~rows, num_tokens=num_tokens)["loss_pg"]
+    want_expert = shaped_expert_loss(logp, part["adv"], mask & rows, 0.1, num_tokens=num_tokens)["loss_expert"]
+    assert terms["loss_pg"].item() == pytest.approx(want_pg.item(), rel=1e-5)
+    assert terms["loss_expert"].item() == pytest.approx(want_expert.item(), rel=1e-5)
+    assert terms["loss_expert"].item() < 0  # positive advantages on the expert tokens
+
+
+def test_grounded_expansion_resamples_from_full_evidence_and_replaces_the_worst(trainer):
+    envs = trainer.collector.envs
+    # the oracle's episodes of questions 2 and 3 stand in for a group's best: every gold title shown after the
+    # second search (question 2) and after the first (question 3); question 6's show half of them
+    oracle = {q: trainer.oracle.rollout(envs[:1], [q], [q], seed=0)[0] for q in (2, 3, 6)}
+    assert [trainer.evidence_point(oracle[q], envs[0]) for q in (2, 3, 6)] == [2, 1, None]
+    sampled = trainer.agent.rollout(envs[:2], [2, 3], [2, 3], seed=0)
+    assert all(trainer.evidence_point(t, envs[0]) is None for t in sampled)  # the untrained model never searches
+    worse = dataclasses.replace(sampled[0], reward=-100.0)  # any continuation beats it
+    better = dataclasses.replace(sampled[1], reward=100.0)  # none beats it
+    episodes, counts = trainer.expand([oracle[2], worse, oracle[3], better])
+    assert counts["expansion_groups"] == 2 and counts["expansion_replaced"] == 1
+    assert episodes[0] is oracle[2] and episodes[2:] == [oracle[3], better]
+    continuation = episodes[1]
+    assert continuation is not worse and continuation.group_id == 2 and continuation.example_index == 2
+    assert continuation.turns[:2] == oracle[2].turns[:2]  # replayed up to the full evidence, sampled after
+    assert continuation.actions[:2] == oracle[2].actions[:2] and len(continuation.actions) > 2
+    assert counts["expansion_gain"] == pytest.approx(continuation.reward + 100.0)
+
+
+def test_grounded_expansion_refuses_tree_rollouts():
+    with pytest.raises(ValueError, match="--grounded-expansion"):
+        preset_config("tiny", ExpertConfig, algo="grpo_expert", grounded_expansion=True, rollout="tree", group_size=4)
 
 
 def test_runs_end_to_end_logs_expert_metrics_and_resumes(tmp_path):
     from algos import grpo_expert
 
     run_dir = tmp_path / "run"
-    argv = ["--preset", "tiny", "--steps", "2", "--eval-questions", "0", "--torch-threads", "1"]
+    argv = ["--preset", "tiny", "--steps", "2", "--eval-questions", "0", "--torch-threads", "1", "--grounded-expansion"]
     summary = grpo_expert.main([*argv, "--run-dir", str(run_dir)])
     assert summary["steps"] == 2 and summary["algo"] == "grpo_expert"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
-        for key in (*EXPERT_METRICS, "loss_pg", "loss_expert", "train/grad_norm"):
+        for key in (*EXPERT_METRICS, "expansion/group_share", "loss_pg", "loss_expert", "train/grad_norm"):
             assert key in row, key
         assert row["sft/weight"] == 0.0  # no SFT term: the demonstrations are group members
     first = rows[0]
@@ -129,7 +158,7 @@ def test_runs_end_to_end_logs_expert_metrics_and_resumes(tmp_path):
     assert first["train/grad_norm"] > 0
     assert math.isfinite(first["train/rl_entropy"]) and first["train/rl_entropy"] > 1  # the sampled tokens' only
 
-    resumed = _trainer(tmp_path, "run", steps=3, resume=True)
+    resumed = _trainer(tmp_path, "run", steps=3, resume=True, grounded_expansion=True)
     try:
         assert resumed.step == 2
         resumed.train()
