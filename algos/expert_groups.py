@@ -123,11 +123,12 @@ class ExpertTrainer(Trainer):
       (an expert token's log-prob 0 is a convention, not a measurement). A step counts as tied (the next one then
       collects a probe batch, ``--tie-probe-questions``) only when the groups tie with their expert members in.
       ``rl/clip_fraction`` and ``rl/approx_kl`` are over the on-policy tokens; `EXPERT_METRICS` describe the experts.
-    - Grounded expansion (``--grounded-expansion``, `expand`): a near miss is an episode whose searches returned
-      every gold title and that still answered badly. From the earliest point where the group's best such episode
-      had all its evidence (`evidence_point`), its turns are replayed and the policy samples the rest once more; a
-      continuation that scores more than the group's worst episode takes its place, so the group holds one more
-      on-policy episode that reads the evidence it found (logged as ``expansion/*``). Not with tree rollouts.
+    - Grounded expansion (``--grounded-expansion``, `expand`): the group's best sampled episode among those whose
+      searches returned every gold title while they went on is replayed to the earliest point it had all its
+      evidence (`evidence_point`), and the policy samples the rest once more; a continuation that scores more than
+      the group's worst episode takes its place. A near miss (full evidence, a poor answer) so gets a second try at
+      reading what it found, and the group one more on-policy episode that had the evidence in view (logged as
+      ``expansion/*``). Not with tree rollouts.
     """
 
     def init_learner(self) -> None:
