@@ -29,6 +29,7 @@ from algos.presets import PRESETS
 from algos.setting_checks import (
     CONFIG_RULES,
     check_finite,
+    check_names,
     check_rules,
     check_sampler,
     instruction_words,
@@ -328,6 +329,7 @@ class Config:
         """
         check_finite(self)
         check_rules(self, CONFIG_RULES)
+        check_names(self)
         self._check_env_and_data()
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
 

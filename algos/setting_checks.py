@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = [
     "CONFIG_RULES",
     "at_least",
     "check_finite",
+    "check_names",
     "check_rules",
     "check_sampler",
     "instruction_words",
@@ -43,6 +45,40 @@ def check_finite(config: object) -> None:
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ValueError(f"--{spec.name.replace('_', '-')} must be a finite number, got {value!r}")
+
+
+def check_names(config: Any) -> None:
+    """Raise ValueError for names that would fail only after the model loaded: the env id, the bundled splits of the
+    training and held-out questions, the device, and a data file that is not there."""
+    import gymnasium as gym
+    import torch
+
+    import envs
+    from envs.data import BUNDLED_SPLITS
+
+    if config.env_id not in gym.registry:
+        known = ", ".join(sorted(name for name in gym.registry if name.startswith("RedCoda-")))
+        raise ValueError(f"--env {config.env!r} is not a registered env; the registered RedCoda ids: {known}")
+    dataset = envs.ENV_IDS.get(config.env_id, {}).get("dataset")
+    bundled = BUNDLED_SPLITS.get(dataset, ()) if dataset else ()
+    used = [("split", config.split, config.data_path)]
+    if config.eval_questions:
+        used.append(("eval_split", config.eval_split, config.eval_data_path))
+    for flag, split, path in used:
+        if bundled and path is None and split not in bundled:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} {split!r}: {dataset} has no bundled split of that name; bundled: "
+                f"{', '.join(bundled)} (or give your own file with --data-path / --eval-data-path)"
+            )
+    for flag in ("data_path", "eval_data_path", "corpus_path", "sft_data"):
+        path = getattr(config, flag)
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"--{flag.replace('_', '-')} {path!r}: no such file")
+    if config.device is not None:
+        try:  # a name only: a GPU's settings may be planned on a CPU machine (the memory estimate)
+            torch.device(config.device)
+        except RuntimeError:
+            raise ValueError(f"--device {config.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
 
 
 def instruction_words(protocol: str, style: str) -> int:
@@ -154,6 +190,7 @@ CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
     ("keep_checkpoints", at_least(1), ">= 1"),
+    ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32) (NumPy's seeds)"),
 )
 """`algos.config.Config`'s settings that cannot train, as (field, test its value must pass, the rule in words); None
 values pass."""

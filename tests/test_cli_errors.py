@@ -86,6 +86,18 @@ def test_no_float_setting_may_be_infinite_or_nan(flag, count, value, capsys):
         (["--retriever", "bogus-kind"], "error: --retriever must be one of bm25, bm25-matrix, bm25-python, dense,"),
         (["--max-context-tokens", "8"], "error: --max-context-tokens must be at least 107 (the search-r1 instructions"),
         (["--max-context-tokens", "50", "--protocol", "coda", "--instructions", "short"], "must be at least 53"),
+        (["--eval-split", "nope"], "error: --eval-split 'nope': hotpotqa has no bundled split of that name; bundled:"),
+        (["--split", "nope", "--eval-questions", "0"], "error: --split 'nope': hotpotqa has no bundled split"),
+        (["--env", "RedCoda-Nope-v0"], "error: --env 'RedCoda-Nope-v0' is not a registered env; the registered"),
+        (["--device", "bogus"], "error: --device 'bogus' is not a torch device"),
+        (["--seed", "-1"], "error: --seed must be in [0, 2**32) (NumPy's seeds), got -1"),
+        (["--seed", "1099511627776"], "error: --seed must be in [0, 2**32)"),
+        (["--data-path", "/no/such/file.json", "--eval-questions", "0"], "error: --data-path '/no/such/file.json': no"),
+        (["--sft-data", "/no/such/demos.jsonl"], "error: --sft-data '/no/such/demos.jsonl': no such file"),
+        (
+            ["--rollout", "tree", "--group-size", "3"],
+            "error: --rollout tree: --group-size (3) must be --tree-roots (2)",
+        ),
     ],
 )
 def test_settings_that_cannot_run_are_refused_at_parse_time(argv, message, capsys):
@@ -212,13 +224,13 @@ def test_resuming_with_other_settings_or_another_algorithm_is_refused_in_one_lin
         assert line.startswith(start), line
         assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # nothing of the refused run written
     assert "(--group-size 2 -> 3, --lr 0.001 -> 0.5);" in _one_line(
-        _refused(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3"], capsys)
+        _refused_run(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3"], capsys)
     )
     grpo.main([*flags, "--steps", "2", "--resume", "--lr", "0.5", "--resume-changed"])  # allowed, and warned
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-def _refused(main, argv, capsys) -> str:
+def _refused_run(main, argv, capsys) -> str:
     with pytest.raises(SystemExit):
         main(argv)
     return capsys.readouterr().err
