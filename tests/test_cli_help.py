@@ -17,7 +17,7 @@ def test_every_field_is_in_exactly_one_group():
     assert set(grouped) == fields
 
 
-@pytest.mark.parametrize("entry", ["red_grpo", "grpo", "grpo_sft", "sft", "ppo", "archer"])
+@pytest.mark.parametrize("entry", ["red_grpo", "grpo", "grpo_sft", "grpo_expert", "sft", "ppo", "archer"])
 def test_help_shows_the_groups_without_the_fixed_algo(entry, capsys):
     import importlib
 

@@ -106,6 +106,7 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
         main(["--budget", "tiny", "--algos", "grpo_sft", "--no-baseline", "--report-only", "--out", str(out)])
 
 
+@pytest.mark.slow  # a whole run in its own process: the slow set keeps the default run short
 def test_a_coda_comparison_evaluates_in_the_env_it_trained_in(tmp_path, monkeypatch):
     """The whole pipeline in CoDA; every evaluation's turn limits, context length and tokens per turn are the runs'."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -157,6 +158,7 @@ def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch)
         assert [json.loads(r)[key] for r in rows] == pytest.approx([r[key] for r in again], abs=1e-5)
 
 
+@pytest.mark.slow  # a whole run in its own process: the slow set keeps the default run short
 def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, monkeypatch):
     """Every run and the baseline start from one shared SFT warm start; `grpo_sft:sft_coef=0.4` is GRPO + SFT with its
     own weight, trained, scored, paired against RED and named as a system."""

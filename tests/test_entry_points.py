@@ -36,6 +36,7 @@ def test_entry_point_in_process(module, tmp_path):
     assert model.config.num_hidden_layers == 2
 
 
+@pytest.mark.slow  # a whole run in its own process: the slow set keeps the default run short
 def test_red_grpo_command_line(tmp_path):
     """`python -m algos.red_grpo --preset tiny` in a fresh process, with wandb offline; then --resume is a no-op."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}

@@ -464,6 +464,7 @@ def test_bad_data_files_name_the_file_the_line_and_the_fault(tmp_path, content, 
         make(data_path=str(path))
 
 
+@pytest.mark.slow  # a whole run in its own process: the slow set keeps the default run short
 def test_a_search_prints_no_java_warnings(tmp_path):
     """Starting the JVM and searching (a fresh process) writes none of Java's sun.misc.Unsafe warnings, nor
     Lucene's "Java 22 or later" MMapDirectory warning."""

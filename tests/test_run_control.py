@@ -106,8 +106,12 @@ def _one_line(output: str, start: str) -> str:
 
 @pytest.mark.parametrize(
     ("signum", "retriever"),
-    [(signal.SIGTERM, "bm25"), (signal.SIGINT, "bm25"), (signal.SIGTERM, "bm25-python")],
-    ids=["SIGTERM-lucene", "SIGINT-lucene", "SIGTERM-no-java"],
+    [
+        pytest.param(signal.SIGTERM, "bm25", id="SIGTERM-lucene"),
+        # the same path with the other signal and without Java: in the slow set, to keep the default run short
+        pytest.param(signal.SIGINT, "bm25", id="SIGINT-lucene", marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, "bm25-python", id="SIGTERM-no-java", marks=pytest.mark.slow),
+    ],
 )
 def test_a_signal_stops_after_the_step_saves_it_and_resume_goes_on_from_it(tmp_path, signum, retriever):
     run_dir = tmp_path / "run"
