@@ -61,9 +61,9 @@ class Config:
     """Name of the run (wandb and the default run_dir); None means <algo>-<preset>-seed<seed>."""
     resume: bool = False
     """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
-    resume_changed: bool = False
-    """--resume with settings that differ from the checkpoint's (each named in a warning); without it such a resume
-    is refused, since the steps before and after would train two different runs into one."""
+    resume_changed: tuple[str, ...] = ()
+    """Settings a --resume may change from the checkpoint's, by name (lr group-size ...); a resume that changes a
+    setting not named here is refused, since the steps before and after would train two different runs into one."""
     max_train_minutes: float | None = None
     """Training-time budget: no step starts that would end past it (estimated from the last step); None: off."""
     dist_timeout_seconds: float = 1800.0
@@ -330,6 +330,10 @@ class Config:
         check_finite(self)
         check_rules(self, CONFIG_RULES)
         check_names(self)
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = [name for name in self.resume_changed if name.replace("-", "_") not in fields]
+        if unknown:
+            raise ValueError(f"--resume-changed names no setting: {', '.join(unknown)} (use the flags' names: lr ...)")
         self._check_env_and_data()
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
 

@@ -329,12 +329,15 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 f"with python -m algos.{saved['algo']}, or start from its weights in another --run-dir with "
                 f"--model {self.run_dir / 'final'} (once it has finished)"
             )
-        changed = changed_settings(saved, self.config)
-        if changed and not self.config.resume_changed and "lora" not in changed:
-            listing = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        named = {name.replace("-", "_") for name in self.config.resume_changed}
+        unnamed = {k: v for k, v in changed_settings(saved, self.config).items() if k not in named and k != "lora"}
+        if unnamed:
+            listing = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in unnamed.items())
+            flags = " ".join(k.replace("_", "-") for k in unnamed)
             raise DataError(
                 f"--resume: {latest} was trained with other settings ({listing}); resume with the checkpoint's, "
-                "add --resume-changed to go on with the new ones, or start a new run in another --run-dir"
+                f"name them to go on with the new ones (--resume-changed {flags}), or start a new run in another "
+                "--run-dir"
             )
         if "lora" in saved and bool(saved["lora"]) != self.config.lora:  # its weights would not fit the policy
             trained = {True: "a LoRA adapter (--lora)", False: "every weight (no --lora)"}

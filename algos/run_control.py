@@ -222,8 +222,8 @@ def rerun_command(args: Sequence[str], run_dir: str | os.PathLike, *, resume: bo
             skip = False
         elif arg == "--run-dir":
             skip = True
-        elif not arg.startswith(("--run-dir=", "--resume", "--no-resume")):
-            kept.append(arg)
+        elif not arg.startswith("--run-dir=") and arg not in ("--resume", "--no-resume"):
+            kept.append(arg)  # --resume-changed and its names stay: naming an unchanged setting is allowed
     return shlex.join([*program, *kept, *(["--resume"] if resume else []), "--run-dir", str(run_dir)])
 
 

@@ -94,6 +94,7 @@ def test_no_float_setting_may_be_infinite_or_nan(flag, count, value, capsys):
         (["--seed", "1099511627776"], "error: --seed must be in [0, 2**32)"),
         (["--data-path", "/no/such/file.json", "--eval-questions", "0"], "error: --data-path '/no/such/file.json': no"),
         (["--sft-data", "/no/such/demos.jsonl"], "error: --sft-data '/no/such/demos.jsonl': no such file"),
+        (["--resume-changed", "lr", "nope"], "error: --resume-changed names no setting: nope"),
         (
             ["--rollout", "tree", "--group-size", "3"],
             "error: --rollout tree: --group-size (3) must be --tree-roots (2)",
@@ -226,7 +227,13 @@ def test_resuming_with_other_settings_or_another_algorithm_is_refused_in_one_lin
     assert "(--group-size 2 -> 3, --lr 0.001 -> 0.5);" in _one_line(
         _refused_run(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3"], capsys)
     )
-    grpo.main([*flags, "--steps", "2", "--resume", "--lr", "0.5", "--resume-changed"])  # allowed, and warned
+    line = _one_line(
+        _refused_run(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3",
+                                 "--resume-changed", "lr"], capsys)
+    )  # fmt: skip
+    assert "(--group-size 2 -> 3); " in line, line
+    assert line.endswith("(--resume-changed group-size), or start a new run in another --run-dir"), line
+    grpo.main([*flags, "--steps", "2", "--resume", "--lr", "0.5", "--resume-changed", "lr"])  # named: allowed, warned
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 

@@ -232,6 +232,8 @@ def test_the_rerun_command_replaces_run_dir_and_resume():
     command = run_control.rerun_command(args, Path("x"), resume=True)
     assert command.endswith("--preset tiny --steps 3 --resume --run-dir x")
     assert run_control.rerun_command(["--no-resume"], Path("x"), resume=False).endswith(" --run-dir x")
+    kept = run_control.rerun_command(["--resume-changed", "lr", "--resume"], Path("x"), resume=True)
+    assert kept.endswith(" --resume-changed lr --resume --run-dir x")  # the names a resume may change stay
 
 
 # --- torch's CPU threads ------------------------------------------------------------------------------------------
