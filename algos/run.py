@@ -368,6 +368,20 @@ class TrainingRun(RunCheckpoints, RunFinish):
             config=dataclasses.asdict(self.config),
         )
 
+    def check_run_dir(self) -> None:
+        """Stop, before writing, if the run directory is no longer this run's (removed, or replaced by another run's,
+        while this one ran: `run_control.RunDirLock.lost`). Every rank calls it; rank 0 holds the lock.
+
+        Raises:
+            TrainingStopped: on every rank, naming what happened.
+        """
+        lost = distributed.broadcast_object(self.run_lock.lost() if self.run_lock is not None else None)
+        if lost:
+            raise TrainingStopped(
+                f"{lost}: stopped after step {self.step} without writing more (its checkpoints and metrics went "
+                "with it); run it again in a directory of its own"
+            )
+
     def log(self, metrics: dict[str, float]) -> None:
         """Append to metrics.jsonl and send to wandb."""
         with writing(self.metrics_path), open(self.metrics_path, "a", encoding="utf-8") as handle:
@@ -421,6 +435,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set
                 # the same lr); a rank that stopped alone would leave the others waiting in a collective
                 last_step = distributed.broadcast_object(time.perf_counter() - start)
+                self.check_run_dir()
                 self.elapsed += last_step
                 metrics["time/elapsed"] = self.elapsed
                 self._unsaved_metrics.append(metrics)
@@ -462,6 +477,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
+        self.check_run_dir()
         checkpoint = self.save()  # rank 0 writes; the other ranks nothing (under --fsdp each its shards)
         distributed.barrier()  # every checkpoint is on disk before any rank lists them
         validation = None

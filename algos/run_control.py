@@ -92,6 +92,7 @@ class RunDirLock:
         except BaseException:
             self.release()
             raise
+        self._identity = _file_identity(self.path)  # the lock file this run holds: `lost` compares with it
         record = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         if _read_holder(self.holder_path, raw=True).split(",")[0] != record.split(",")[0]:  # a new holder: say so
             tmp = self.holder_path.with_name(f"{HOLDER_FILE}.{os.getpid()}")
@@ -102,6 +103,22 @@ class RunDirLock:
     def held(self) -> bool:
         """Whether this object still holds the lock."""
         return self._lock is not None
+
+    def lost(self) -> str | None:
+        """Why this lock no longer guards its directory, or None while it does.
+
+        A lock is on a file: when the directory is removed (or replaced by another run's, with a lock file of its
+        own) the lock still holds, but on a file no other run can see, so a run that went on writing would write into
+        a directory that is not its own. The run checks this before it writes (`algos.run.TrainingRun`).
+        """
+        try:
+            now = _file_identity(self.path)
+        except FileNotFoundError:
+            now = None
+        if now == self._identity:
+            return None
+        how = "removed" if now is None else "replaced (its lock file is not the one this run locked)"
+        return f"{self.run_dir} was {how} while this run held it"
 
     def release(self) -> None:
         """Drop the lock (the lock file stays: deleting it would let two processes lock two different files)."""
@@ -115,6 +132,12 @@ class RunDirLock:
             self.release()
         except Exception:
             pass
+
+
+def _file_identity(path: Path) -> tuple[int, int]:
+    """(device, inode): the same while the file is the same file, whatever its name."""
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
 
 
 _HELD: weakref.WeakValueDictionary[str, RunDirLock] = weakref.WeakValueDictionary()

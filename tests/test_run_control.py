@@ -72,6 +72,70 @@ def test_a_run_dir_locked_by_another_process_is_refused_until_that_process_dies(
     child.wait()
 
 
+def test_a_lock_knows_when_its_directory_was_removed_or_replaced(tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    lock = run_control.RunDirLock(run_dir)
+    assert lock.lost() is None
+    shutil.rmtree(run_dir)
+    assert lock.lost() == f"{run_dir} was removed while this run held it"
+    holder = _holder(run_dir)  # another run takes the path: a new directory, a lock file of its own
+    try:
+        assert lock.lost() == (
+            f"{run_dir} was replaced (its lock file is not the one this run locked) while this run held it"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    lock.release()
+
+
+@pytest.mark.slow  # two whole runs in their own processes
+def test_a_paused_run_whose_directory_was_replaced_writes_nothing_into_the_new_one(tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    flags = ["--retriever", "bm25-python", "--save-every", "5", "--torch-threads", "1"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(
+            [*_train(), *flags, "--steps", "30", "--seed", "1", "--run-dir", str(run_dir)],
+            env=ENV,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for(lambda: len(_rows(run_dir)) >= 3, first, log)
+        first.send_signal(signal.SIGSTOP)
+        shutil.rmtree(run_dir)
+        second = subprocess.run(
+            [*_train(), *flags, "--steps", "6", "--seed", "2", "--run-dir", str(run_dir)],
+            env=ENV,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        rows = (run_dir / "metrics.jsonl").read_text()
+        first.send_signal(signal.SIGCONT)
+        returncode = first.wait(timeout=WAIT_S)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    output = log.read_text()
+    assert returncode == 1, output[-3000:]
+    line = _one_line(output, "error: ")
+    assert line.startswith(f"error: {run_dir} was replaced (its lock file is not the one this run locked) while ")
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # the second run's rows alone
+    assert [row["step"] for row in _rows(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "redcoda_config.json").read_text())["seed"] == 2
+    assert load_checkpoint(find_latest(run_dir / "checkpoints")).step == 6
+
+
 def test_resuming_a_missing_run_dir_creates_nothing(tmp_path):
     assert lock_run_dir(tmp_path / "none", resume=True) is None
     assert not (tmp_path / "none").exists()
