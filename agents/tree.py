@@ -95,6 +95,9 @@ def play_trees(
         seed: Seeds the sampling (each round its own streams) and the choice of nodes.
     """
     rounds = shape.rounds(group_size)
+    needed = len(questions) * shape.roots * shape.branches
+    if len(envs) < needed:
+        raise ValueError(f"{len(envs)} envs for {len(questions)} questions of {shape}: a round plays {needed} episodes")
     trees: list[list[Trajectory]] = []  # per tree, its episodes in the order they were played
     roots = [(q, g, t) for q, g in zip(questions, group_ids, strict=True) for t in range(shape.roots)]
     try:

@@ -152,6 +152,12 @@ def test_tree_rollouts_repeat_from_the_seed(played, tiny, bm25):
     assert [e.actions for e in again] == [e.actions for e in episodes]
 
 
+def test_too_few_envs_for_a_round_are_refused(played):
+    _, _, _, agent, env_list = played
+    with pytest.raises(ValueError, match="3 envs for 2 questions of TreeShape"):
+        play_trees(agent, env_list[:3], [5, 9], [10, 11], 4, TreeShape(2, 1), seed=3)
+
+
 def test_a_tree_without_a_search_branches_from_the_start(tiny, bm25):
     model, tokenizer = tiny
     agent = SearchR1Agent(HFSampler(model, tokenizer, max_context=2048), PARAMS)  # a random model never searches
@@ -176,3 +182,36 @@ def test_the_trainer_gives_tree_episodes_tree_advantages(tmp_path):
         assert not torch.allclose(expected, group_advantages(torch.tensor(rewards), torch.zeros(4, dtype=torch.long)))
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("branch_turns", [(), (2,)], ids=["any-search", "second-search"])
+def test_coda_trees_branch_after_an_executor_search_and_keep_the_contexts_apart(tiny, bm25, branch_turns):
+    from test_agents import RecordingSampler, check_coda_contexts, coda_script
+
+    from agents.search_agents import CodaAgent
+
+    model, tokenizer = tiny
+    sampler = RecordingSampler(HFSampler(model, tokenizer, max_context=2048), script=coda_script(1, tasks=2))
+    env_list = [
+        gym.make("RedCoda-HotpotQA-CoDA-v0", split="dev", retriever=bm25, max_executor_turns=2, max_planner_turns=4)
+        for _ in range(6)
+    ]
+    episodes = play_trees(CodaAgent(sampler, PARAMS), env_list, [0, 1], [0, 1], 4, TreeShape(1, 3, branch_turns), 7)
+    assert [(e.group_id, e.tree_id) for e in episodes] == [(0, 0)] * 4 + [(1, 1)] * 4
+    replayed = 0
+    for tree in (episodes[:4], episodes[4:]):
+        root = tree[0]
+        assert len(root.actions) == 7 and root.search_ends == (2, 5)  # task, search, answer, task, search, answer
+        for branch in tree[1:]:
+            shared = next(n for n in range(len(root.turns)) if branch.turns[n] != root.turns[n])
+            assert shared in ((2, 5) if not branch_turns else (5,))  # replayed through an allowed search
+            replayed += shared
+            assert branch.info["answered"] and branch.info["num_tasks"] == 2
+            check_coda_contexts(branch, tokenizer)  # executors fresh, no search results in the planner
+            # the executor that was open at the branch point starts as the root's did, through its search results
+            first = 0 if shared == 2 else 1
+            a, b = root.generations[first], branch.generations[first]
+            assert a.role == b.role == "executor"
+            head = a.loss_mask.index(0, a.loss_mask.index(1))  # its search call ends, the results begin
+            assert b.token_ids[:head] == a.token_ids[:head]
+    assert sum(len(c) for _, c in sampler.calls) == sum(len(e.turns) for e in episodes) - replayed
