@@ -419,6 +419,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 # data parallel: a signal to any rank stops every rank after the same step
                 signum = distributed.all_max(stop.signum)
                 if signum:
+                    self.check_run_dir()  # a directory that is no longer this run's gets no checkpoint either
                     checkpoint = find_latest(self.checkpoint_dir) if self.step == saved_step else self.save()
                     raise run_control.Interrupted(signum, self.step, checkpoint if self.world.is_main else None)
                 if self.step >= cfg.steps:
