@@ -10,9 +10,12 @@ in the groups of `algos.config.FLAG_GROUPS`, with the entry point's fixed ``--al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
+import types
+import typing
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,18 +94,70 @@ def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Co
 
     text = Path(path).read_text(encoding="utf-8")
     if str(path).endswith(".json"):
-        values = json.loads(text)
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
     else:
         import yaml
 
-        values = yaml.safe_load(text)  # YAML is a superset of JSON: any other name reads either
+        try:
+            values = yaml.safe_load(text)  # YAML is a superset of JSON: any other name reads either
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            at = f"line {where.line + 1}: " if where is not None else ""
+            raise ValueError(f"{path}: not valid YAML ({at}{getattr(err, 'problem', None) or err})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: a config file is a mapping of field names to values, got {type(values).__name__}")
     fields = {field.name for field in dataclasses.fields(config_cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{path}: not a setting of {config_cls.__name__}: {', '.join(unknown)}")
-    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+    hints = typing.get_type_hints(config_cls)
+    return {name: _typed(value, hints[name], f"{path}: {name}") for name, value in values.items()}
+
+
+def _typed(value: object, hint: object, where: str) -> object:
+    """`value` as a field of type `hint` holds it (lists as tuples, whole numbers as floats where floats go).
+
+    Raises:
+        ValueError: `value` is not of the type, naming `where` (the file and the key) and what was expected.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            with contextlib.suppress(ValueError):
+                return _typed(value, option, where)
+        expected = " or ".join("null" if a is type(None) else _name(a) for a in args)
+    elif origin is typing.Literal:
+        if value in args:
+            return value
+        expected = "one of " + ", ".join(repr(a) for a in args)
+    elif origin is tuple:
+        if isinstance(value, list | tuple):
+            items = args if not (len(args) == 2 and args[1] is Ellipsis) else (args[0],) * len(value)
+            if len(items) == len(value):
+                return tuple(_typed(v, t, where) for v, t in zip(value, items, strict=True))
+        expected = (
+            f"a list of {len(args)} ({_name(args[0])} each)"
+            if args[-1] is not Ellipsis
+            else f"a list ({_name(args[0])} each)"
+        )
+    elif hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    elif hint in (bool, int, str) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    else:
+        expected = _name(hint)
+    raise ValueError(f"{where} must be {expected}, got {value!r}")
+
+
+def _name(hint: object) -> str:
+    """How an error message names a type: "an int", "a float", ..."""
+    names = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+    return names.get(hint, str(hint))
 
 
 def _config_file_values(args: list[str], config_cls: type[Config]) -> tuple[list[str], dict[str, object]]:

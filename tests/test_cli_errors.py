@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from algos.cli import parse_config
-from algos.config import Config
+from algos.config import Config, preset_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -276,3 +276,35 @@ def test_the_servers_command_line_errors_are_one_line(argv, message, tmp_path, b
     done = _serve(*(arg.format(**fill) for arg in argv))
     assert done.returncode == 2
     assert _one_line(done.stderr).startswith(message.format(**fill)), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("steps: [1\n", "not valid YAML (line 2: expected ',' or ']', but got '<stream end>')"),
+        ("steps: abc\n", "steps must be an int, got 'abc'"),
+        ("lr: fast\n", "lr must be a number, got 'fast'"),
+        ("steps: null\n", "steps must be an int, got None"),
+        ("retriever: 5\n", "retriever must be a string, got 5"),
+        ("preset: bogus\n", "preset must be one of 'gpu', 'cpu', 'tiny', got 'bogus'"),
+        ("group_size: 2.5\n", "group_size must be an int, got 2.5"),
+        ("lora_target_modules: q_proj\n", "lora_target_modules must be a list (a string each), got 'q_proj'"),
+        ("adam_betas: [0.9]\n", "adam_betas must be a list of 2 (a number each), got [0.9]"),
+        ("lora: 1\n", "lora must be true or false, got 1"),
+        ("nope: 1\n", "not a setting of Config: nope"),
+        ("- 1\n", "a config file is a mapping of field names to values, got list"),
+    ],
+)
+def test_a_config_file_with_a_bad_value_is_refused_in_one_line_naming_the_key(text, message, tmp_path, capsys):
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    assert _refused(["--config", str(path)], capsys) == f"error: --config: {path}: {message}"
+
+
+def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
+    from algos.cli import load_config_file
+
+    saved = preset_config("cpu", lr=5e-5, adam_betas=(0.9, 0.95), tree_branch_turns=(1,), eval_data_path=None)
+    path = tmp_path / "redcoda_config.json"
+    path.write_text(json.dumps(dataclasses.asdict(saved)))
+    assert dataclasses.replace(saved, **load_config_file(path)) == saved
