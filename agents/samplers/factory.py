@@ -30,6 +30,8 @@ def make_sampler(
     gpu_memory_utilization: float = 0.4,
     url: str | None = None,
     served_model: str | None = None,
+    timeout_s: float = 120.0,
+    retries: int = 3,
 ) -> Any:
     """A sampler of the given kind.
 
@@ -47,6 +49,8 @@ def make_sampler(
         gpu_memory_utilization: vllm: share of the GPU the engine may take.
         url: openai: the API root, e.g. http://127.0.0.1:8000/v1.
         served_model: openai: the model name the server expects (None: `source`).
+        timeout_s: openai: the whole-request deadline of each generation, retries included.
+        retries: openai: retries of a failed request.
 
     Raises:
         ValueError: an unknown kind, or a missing argument that kind needs (one line, naming it).
@@ -74,5 +78,12 @@ def make_sampler(
             )
         from agents.samplers.openai_api import OpenAISampler
 
-        return OpenAISampler(url, str(served_model or source or "default"), tokenizer, max_context=max_context)
+        return OpenAISampler(
+            url,
+            str(served_model or source or "default"),
+            tokenizer,
+            max_context=max_context,
+            timeout_s=timeout_s,
+            max_retries=retries,
+        )
     raise ValueError(f"unknown sampler {kind!r}; choose one of {', '.join(SAMPLER_KINDS)}")
