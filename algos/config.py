@@ -295,6 +295,9 @@ class Config:
     """Split of the held-out questions (never the training split)."""
     eval_data_path: str | None = None
     """A data file of held-out questions (with --data-path); None: eval_split of the bundled data."""
+    max_eval_error_rate: float = 0.05
+    """Fail the held-out evaluation (exit 1, the final model kept) when more than this share of its episodes met a
+    sampler or retriever error, rather than report their zeros as the model's scores (1: never)."""
     eval_batch_size: int = 100
     """Episodes per batched evaluation rollout: all of the default held-out questions at once, so that each of the
     sampler's calls can group its rows by the tokens they prefill (`agents.samplers.HFSampler`'s ``pad_limit``)."""
@@ -560,7 +563,8 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "run and logging": (
         "preset", "algo", "seed", "run_dir", "run_name", "resume", "resume_changed", "save_every", "keep_checkpoints",
         "push_to_hub", "wandb", "wandb_project", "progress", "eval_questions", "eval_split", "eval_data_path",
-        "eval_batch_size", "validation_questions", "torch_threads", "fsdp", "dist_timeout_seconds",
+        "max_eval_error_rate", "eval_batch_size", "validation_questions", "torch_threads", "fsdp",
+        "dist_timeout_seconds",
     ),
 }  # fmt: skip
 """The ``--help`` groups of `Config`'s flags, in order: each field in exactly one (a learner's own fields, as

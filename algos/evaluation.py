@@ -100,8 +100,8 @@ def score_held_out(
         config: the run's `Config`: `held_out_settings` decides everything but the weights.
         label: the result's ``model`` field (default: the evaluator's name for `model`).
         validation: score these questions of the training split instead (`validation_settings`).
-        max_error_rate: the share of episodes that may meet sampler or retriever errors (None:
-            `agents.evaluation.MAX_ERROR_RATE`), checked over every rank's episodes together.
+        max_error_rate: the share of episodes that may meet sampler or retriever errors (None: the run's
+            ``max_eval_error_rate``), checked over every rank's episodes together.
 
     Returns:
         An `agents.evaluation.evaluate` result (``metrics[name]`` is ``{"mean", "low", "high", "n", "method"}``;
@@ -140,7 +140,9 @@ def score_held_out(
         result["predictions"] = [p for part in distributed.gather_objects(result["predictions"]) for p in part]
         result["n"] = len(result["predictions"])
     result["errors"] = error_counts(result["predictions"])
-    check_errors(result["errors"], MAX_ERROR_RATE if max_error_rate is None else max_error_rate)
+    if max_error_rate is None:
+        max_error_rate = getattr(config, "max_eval_error_rate", MAX_ERROR_RATE)
+    check_errors(result["errors"], max_error_rate)
     if label is not None:
         result["model"] = label
     result["metrics"] = _metrics(result["predictions"], settings["agent"])

@@ -59,6 +59,7 @@ _RESUME_MAY_CHANGE = {
     "max_train_minutes",
     "eval_questions",
     "eval_batch_size",
+    "max_eval_error_rate",
     "fsdp",
 }
 """Settings a resumed run may change without a warning (they do not change what the steps compute)."""

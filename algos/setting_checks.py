@@ -159,6 +159,7 @@ CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("weight_average", lambda v: 0 <= v < 1, "in [0, 1) (or None: no average)"),
     ("quote_words", at_least(0), ">= 0 (0: demonstrations answer without a quote)"),
     ("eval_batch_size", at_least(1), ">= 1"),
+    ("max_eval_error_rate", within(0, 1), "in [0, 1]"),
     ("validation_questions", at_least(0), ">= 0 (0: no checkpoint selection)"),
     ("group_size", at_least(1), ">= 1"),
     ("tree_roots", at_least(1), ">= 1"),

@@ -101,13 +101,19 @@ def test_the_trainers_held_out_scoring_fails_and_the_entry_point_says_so_in_one_
     from algos.config import preset_config
     from algos.evaluation import score_held_out
 
+    scores = dict.fromkeys(agents.evaluation.METRICS, 0.0)  # what an errored episode scores
     failed = [
-        {"index": i, "sampler_errors": 0, "retrieval_errors": 1, "error": "ConnectError: refused"} for i in range(3)
+        {"index": i, "sampler_errors": 0, "retrieval_errors": 1, "error": "ConnectError: refused", **scores}
+        for i in range(3)
     ]
     monkeypatch.setattr(agents.evaluation, "evaluate", lambda *a, **k: {"n": 3, "predictions": failed})
     config = preset_config("tiny", algo="grpo", run_dir=str(tmp_path / "run"), eval_questions=3)
     with pytest.raises(EvaluationFailed, match="3 of 3 episodes.*the retriever in 3"):
         score_held_out("a model", config)
+    tolerant = preset_config(
+        "tiny", algo="grpo", run_dir=str(tmp_path / "run"), eval_questions=3, max_eval_error_rate=1
+    )
+    assert score_held_out("a model", tolerant)["errors"]["episodes"] == 3  # --max-eval-error-rate 1: reported, kept
 
     class Trainer:  # a run whose held-out evaluation meets a dead retrieval server
         def __init__(self, config):
