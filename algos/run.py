@@ -189,6 +189,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 f"--num-questions {config.num_questions} is more than the {env.num_examples} questions of "
                 f"{getattr(env, 'data_file', None) or config.split}"
             )
+        run_setup.check_question_lengths(config, env)
         self.validation_indices = run_setup.validation_indices(config, env.num_examples)
         """The training split's questions held out of training for the final model's selection (`select_checkpoint`)."""
 

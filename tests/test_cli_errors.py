@@ -308,3 +308,20 @@ def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
     path = tmp_path / "redcoda_config.json"
     path.write_text(json.dumps(dataclasses.asdict(saved)))
     assert dataclasses.replace(saved, **load_config_file(path)) == saved
+
+
+def test_a_question_longer_than_the_context_is_refused_naming_the_file_and_its_place(tmp_path, capsys):
+    from algos import grpo
+    from envs.data import bundled_path
+    from retrievers.corpus import open_text
+
+    rows = [json.loads(line) for line, _ in zip(open_text(bundled_path("hotpotqa", "dev")), range(4), strict=False)]
+    rows[2]["question"] = "why " * 5000 + "?"
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(SystemExit) as exit_info:
+        grpo.main(["--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--data-path", str(data),
+                   "--eval-questions", "0", "--num-questions", "4", *DISTRACTOR])  # fmt: skip
+    assert exit_info.value.code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {data}: question 3 ({rows[2]['_id']}) is 5001 words, more than the context "), line
