@@ -157,7 +157,7 @@ class Corpus:
     @functools.cached_property
     def fingerprint(self) -> str:
         """A short hash of ids, titles and texts: the cache key of anything built from this corpus. Computed once
-        (the rows are immutable), since every env made over the corpus asks for it (docs/results/main-job.md)."""
+        (the rows are immutable), since every env made over the corpus asks for it (docs/results/throughput.md)."""
         return fingerprint_rows(zip(self.doc_ids, self.titles, self.texts, strict=True))
 
 

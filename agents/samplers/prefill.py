@@ -5,7 +5,7 @@ A batch's rows are left-padded to the widest; the rows that prefill few tokens (
 result) then pay for the widest (an executor reading three passages). `prefill_groups` splits a batch into the
 groups that minimise the padded tokens plus `PREFILL_SPLIT_TOKENS` a group, and `prefill_apart` prefills each
 group padded to its own widest row, into one cache with the single pass's columns, so that all rows then decode
-together. Measured in docs/results/main-job.md (the tail) and docs/results/throughput.md.
+together. Measured in docs/results/throughput.md (a run's tail, change by change, and the sampler's design).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def prefill_apart(
     each row's fresh tokens, `matches` each row's reused past, `reserve` the cache's room in columns. A group
     attends only over its own columns: its widest reused past and its own fresh part, not the columns that are
     padding for all its rows (a planner's short past shares a batch with executors' long ones; measured in
-    docs/results/main-job.md). Each row sees the same keys, positions and mask as in one padded
+    docs/results/throughput.md). Each row sees the same keys, positions and mask as in one padded
     pass; the numbers differ from it only by float rounding, as between any two batchings.
     """
     n, width = input_ids.shape
