@@ -149,8 +149,7 @@ def evaluate(
 
     Args:
         agent_name: one of `AGENTS`.
-        model: None or "smollm2-135m" (bundled), a local directory, a Hugging Face id, or a loaded
-            `(model, tokenizer)` pair (the oracle needs only the tokenizer).
+        model: None or "smollm2-135m" (bundled), a directory, a hub id, or a loaded `(model, tokenizer)` pair.
         split, limit, dataset, max_turns: the bundled questions to play (`env_settings`) when `env_id` is None.
         batch: episodes (or prompts) per batched rollout.
         seed, temperature: seed the sampler and the rollouts; sample at `temperature` (0: greedy).
@@ -162,10 +161,9 @@ def evaluate(
         max_context_tokens: the agent's (and sampler's) context length, as in training.
         indices: question indices to evaluate instead of the first `limit` (a held-out slice).
         out, progress, device: a JSON-lines file for the predictions, a progress bar, the model's torch device.
-        sampler, sampler_url, served_model: what samples the replies (`agents.samplers.factory`): hf, vllm (over
-            `model`, a directory or hub id) or openai (a server at `sampler_url` serving `served_model`).
-        sampler_timeout, sampler_retries: openai: each request's whole deadline (retries included) and its retries;
-            a question whose request gives up is counted as errored.
+        sampler, sampler_url, served_model, sampler_timeout, sampler_retries: what samples (`agents.samplers`): hf,
+            vllm (over `model`) or openai (`served_model` at `sampler_url`; a question whose request is not answered
+            in `sampler_timeout` s, `sampler_retries` retries included, counts as errored).
         max_error_rate: raise `EvaluationFailed` (`check_errors`, after writing `out`) when more than this share of
             the episodes met a sampler or retriever error; None: never (the caller checks a pooled count).
 
@@ -180,15 +178,8 @@ def evaluate(
     make_env, env_list, examples, indices = _questions(env_id, env_kwargs or {}, limit, indices)
     first = env_list[0].unwrapped
     dataset, split = getattr(first, "dataset", dataset), getattr(first, "split", split)
-    load = functools.partial(
-        _load,
-        device=device,
-        kind=sampler,
-        url=sampler_url,
-        served_model=served_model,
-        timeout_s=sampler_timeout,
-        retries=sampler_retries,
-    )
+    served = dict(url=sampler_url, served_model=served_model, timeout_s=sampler_timeout, retries=sampler_retries)
+    load = functools.partial(_load, device=device, kind=sampler, **served)
     play = (temperature, max_new_tokens, progress, load)
     start = time.perf_counter()
     if agent_name in ("direct", "rag"):
@@ -200,12 +191,9 @@ def evaluate(
         env.close()
     wall = time.perf_counter() - start  # the episodes' time: the model, the envs and their searches
     _write_and_check(out, predictions, max_error_rate)
-    played = {"agent": agent_name, "model": _model_name(model), "dataset": dataset, "split": split, "n": len(indices)}
     return {
-        **played,
-        "seed": seed,
-        "temperature": temperature,
-        "wall_s": wall,
+        **{"agent": agent_name, "model": _model_name(model), "dataset": dataset, "split": split, "n": len(indices)},
+        **{"seed": seed, "temperature": temperature, "wall_s": wall},
         "metrics": {name: interval.as_dict() for name, interval in metric_intervals(predictions).items()},
         "errors": error_counts(predictions),
         "env": {"id": env_id, "kwargs": {k: v if _plain(v) else repr(v) for k, v in (env_kwargs or {}).items()}},
