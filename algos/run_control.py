@@ -227,6 +227,17 @@ class Interrupted(BaseException):
         return f"stopped by {name} after step {self.step} (checkpoint {self.checkpoint}); continue with: {command}"
 
 
+def _torchrun_launch() -> list[str]:
+    """The torchrun launch of this process's ranks, from torchrun's environment: exact on one node (``--standalone``);
+    on several, the node count and rendezvous endpoint it shows (other launch flags are the user's to add)."""
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes <= 1:
+        return ["torchrun", "--standalone", "--nproc-per-node", per_node]
+    endpoint = f"{os.environ.get('MASTER_ADDR', 'HOST')}:{os.environ.get('MASTER_PORT', 'PORT')}"
+    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", per_node, "--rdzv-endpoint", endpoint]
+
+
 def rerun_command(args: Sequence[str], run_dir: str | os.PathLike, *, resume: bool) -> str:
     """The command line that runs this entry point again on `run_dir` (with ``--resume`` when `resume`).
 
@@ -238,6 +249,8 @@ def rerun_command(args: Sequence[str], run_dir: str | os.PathLike, *, resume: bo
     """
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     program = ["python", "-m", spec.name] if spec is not None and spec.name else ["python", sys.argv[0]]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: relaunch the same way
+        program = [*_torchrun_launch(), *program[1:]]
     kept: list[str] = []
     skip = False
     for arg in args:

@@ -300,6 +300,22 @@ def test_the_rerun_command_replaces_run_dir_and_resume():
     assert kept.endswith(" --resume-changed lr --resume --run-dir x")  # the names a resume may change stay
 
 
+def test_under_torchrun_the_rerun_command_relaunches_with_torchrun(monkeypatch):
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", type("Spec", (), {"name": "algos.grpo_sft"})())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    command = run_control.rerun_command(["--preset", "tiny"], Path("x"), resume=True)
+    assert command == "torchrun --standalone --nproc-per-node 2 -m algos.grpo_sft --preset tiny --resume --run-dir x"
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    command = run_control.rerun_command([], Path("x"), resume=True)
+    assert command.startswith("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node0:29500 -m algos.grpo_sft ")
+
+
 # --- torch's CPU threads ------------------------------------------------------------------------------------------
 def _reading(wall: float, others: float, own: float, cores: int = 2) -> CpuReading:
     """A reading after `wall` seconds during which other processes used `others` CPU seconds and this one `own`."""
