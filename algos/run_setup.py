@@ -123,27 +123,26 @@ def make_collector(config: Config, agent: Any, shard: tuple[int, int]) -> Any:
 
 
 def check_question_lengths(config: Config, env: Any) -> None:
-    """Refuse a training question that cannot fit a context: its words, with the instructions and one turn, past
+    """Refuse a training question that cannot fit a context by itself: its words and one turn past
     ``max_context_tokens`` (words are a lower bound of tokens), instead of training on prompts cut from the left.
+    (Instructions too long for the context are the settings' check; demonstrations too long, `load_demonstrations`'.)
 
     Raises:
         DataError: naming the data file, the question's place in it and its id.
     """
-    from algos.setting_checks import instruction_words
     from envs import ENV_IDS
     from envs.data import DataError
 
-    if config.env_id not in ENV_IDS:  # the QA envs' first message is the instructions and the question
+    if config.env_id not in ENV_IDS:  # the QA envs, whose first message holds the question
         return
-    room = config.max_context_tokens - config.max_new_tokens - instruction_words(config.protocol, config.instructions)
+    room = config.max_context_tokens - config.max_new_tokens
     count = len(env.examples) if config.num_questions is None else min(config.num_questions, len(env.examples))
     for i, example in enumerate(env.examples[:count]):
         words = len(example.question.split())
-        if words - 1 > room:  # instruction_words counts a one-word question
+        if words > room:
             raise DataError(
-                f"{env.data_file}: question {i + 1} ({example.id}) is {words} words, more than the context holds "
-                f"with the instructions and a turn (--max-context-tokens {config.max_context_tokens}, "
-                f"--max-new-tokens {config.max_new_tokens})"
+                f"{env.data_file}: question {i + 1} ({example.id}) is {words} words, more than a context holds with "
+                f"a turn (--max-context-tokens {config.max_context_tokens}, --max-new-tokens {config.max_new_tokens})"
             )
 
 

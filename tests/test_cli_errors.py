@@ -324,4 +324,4 @@ def test_a_question_longer_than_the_context_is_refused_naming_the_file_and_its_p
                    "--eval-questions", "0", "--num-questions", "4", *DISTRACTOR])  # fmt: skip
     assert exit_info.value.code == 2
     line = _one_line(capsys.readouterr().err)
-    assert line.startswith(f"error: {data}: question 3 ({rows[2]['_id']}) is 5001 words, more than the context "), line
+    assert line.startswith(f"error: {data}: question 3 ({rows[2]['_id']}) is 5001 words, more than a context "), line
