@@ -332,12 +332,12 @@ class Config:
         """
         check_finite(self)
         check_rules(self, CONFIG_RULES)
+        self._check_env_and_data()
         check_names(self)
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = [name for name in self.resume_changed if name.replace("-", "_") not in fields]
         if unknown:
             raise ValueError(f"--resume-changed names no setting: {', '.join(unknown)} (use the flags' names: lr ...)")
-        self._check_env_and_data()
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
 
     def _check_env_and_data(self) -> None:
