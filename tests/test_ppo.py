@@ -145,6 +145,7 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole run in its own process; the query-rewrite env's PPO runs in-process in test_distributed
 def test_command_line_on_the_query_rewrite_env(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
     command = [sys.executable, "-m", "algos.ppo", "--preset", "tiny", "--run-dir", str(tmp_path)]
