@@ -27,9 +27,10 @@ from algos.config import Config
 from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, tree_advantages
 from algos.off_policy import shaped_expert_loss
 from algos.setting_checks import at_least, check_rules, positive
+from algos.sft_data import oracle_agent
 from algos.trainer import Rollouts, Trainer, rewards_tied
 
-__all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer", "oracle_agent"]
+__all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer"]
 
 
 @dataclass(frozen=True)
@@ -69,22 +70,6 @@ EXPERT_METRICS = (
     "expert/prob_mean",
 )
 """The metrics every step logs about the expert members (NaN where a step had none to measure)."""
-
-
-def oracle_agent(config: Config, tokenizer: Any) -> Any:
-    """The oracle of the run's demonstrations (`algos.sft_data.build_oracle_demonstrations`'s settings)."""
-    from agents.oracle import OracleAgent
-
-    return OracleAgent(
-        tokenizer,
-        seed=config.seed,
-        max_searches=config.max_search_turns,
-        quote_words=config.quote_words,
-        follow_bridge=config.follow_bridge,
-        restate_question=config.restate_question,
-        min_searches=config.min_searches,
-        results_queries=config.results_queries,
-    )
 
 
 class ExpertTrainer(Trainer):
@@ -132,7 +117,7 @@ class ExpertTrainer(Trainer):
     """
 
     def init_learner(self) -> None:
-        self.oracle = oracle_agent(self.config, self.tokenizer)
+        self.oracle = oracle_agent(self.config, self.tokenizer)  # the demonstrations' oracle
         self.max_context = run_setup.context_limit(self.config, self.policy)
         self._expert_counts: dict[str, float] = {}
 

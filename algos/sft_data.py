@@ -45,6 +45,7 @@ ORACLE_VERSION = "grounded-9"  # 9: passage text is data (tags in a passage are 
 
 __all__ = [
     "build_oracle_demonstrations",
+    "oracle_agent",
     "demonstrations_cache_path",
     "load_demonstrations",
     "mix_like_questions",
@@ -91,21 +92,11 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
     from tqdm.auto import tqdm
 
     import envs  # noqa: F401  (registers the ids)
-    from agents.oracle import OracleAgent
 
     env_fns = [gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
     num_examples = env_fns[0].unwrapped.num_examples
     n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
-    agent = OracleAgent(
-        tokenizer,
-        seed=config.seed,
-        max_searches=config.max_search_turns,
-        quote_words=config.quote_words,
-        follow_bridge=config.follow_bridge,
-        restate_question=config.restate_question,
-        min_searches=config.min_searches,
-        results_queries=config.results_queries,
-    )
+    agent = oracle_agent(config, tokenizer)
     trajectories: list[Trajectory] = []
     with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:
         for lo in range(0, n, batch_size):
@@ -357,3 +348,20 @@ def sample_indices(
     picks = rng.choice(planners, size=min(wanted, len(planners)), replace=False).tolist()
     picks += rng.choice(others, size=min(batch_size - len(picks), len(others)), replace=False).tolist()
     return picks
+
+
+def oracle_agent(config: Any, tokenizer: Any) -> Any:
+    """The oracle that plays the run's demonstrations, with the run's settings (the SFT data and the expert group
+    members of `algos.expert_groups` both come from it)."""
+    from agents.oracle import OracleAgent
+
+    return OracleAgent(
+        tokenizer,
+        seed=config.seed,
+        max_searches=config.max_search_turns,
+        quote_words=config.quote_words,
+        follow_bridge=config.follow_bridge,
+        restate_question=config.restate_question,
+        min_searches=config.min_searches,
+        results_queries=config.results_queries,
+    )
