@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,58 @@ def load_model(
                 ) from err
     fix_pad_token(model, tokenizer)
     return model.to(device).eval(), tokenizer
+
+
+def model_config(name_or_path: str | os.PathLike | None = None) -> PretrainedConfig:
+    """The Hugging Face config of the model `load_model(name_or_path)` would load, without loading its weights.
+
+    For checks before a run loads anything (a LoRA target that names no module, a directory that holds no model).
+    "tiny" is `tiny_model`'s Llama. Raises ValueError, in one line, where `load_model` would fail: a path that holds
+    no model, a directory without a readable config.json, a hub id that cannot be reached.
+    """
+    from transformers import AutoConfig, LlamaConfig
+
+    if name_or_path == "tiny":
+        return LlamaConfig(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    if name_or_path is None or str(name_or_path).lower() in (DEFAULT_MODEL, _CACHE_NAME):
+        cached = smollm2_cache_dir()
+        if (cached / "config.json").is_file():
+            return AutoConfig.from_pretrained(cached)
+        gguf = smollm2_gguf_path()
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    path = Path(name_or_path).expanduser()
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ValueError(f"{path} holds no config.json: not a model directory in Hugging Face format")
+            return AutoConfig.from_pretrained(path)
+        if _looks_like_path(str(name_or_path)):
+            raise ValueError(f"no model at {path}: expected a directory in Hugging Face format or a .gguf file")
+        return AutoConfig.from_pretrained(str(name_or_path))
+    except (OSError, ValueError, KeyError) as err:  # broken JSON is a ValueError; an unknown model_type a KeyError
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(first) from None
+
+
+def linear_modules(config: PretrainedConfig) -> list[str]:
+    """The names of the linear and embedding layers (what LoRA adapts) of the causal LM that `config` describes,
+    built on the meta device: no weights, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    kinds = (torch.nn.Linear, torch.nn.Embedding)
+    return [name for name, module in model.named_modules() if name and isinstance(module, kinds)]
 
 
 def ensure_smollm2_cache() -> Path:

@@ -29,6 +29,7 @@ from algos.presets import PRESETS
 from algos.setting_checks import (
     CONFIG_RULES,
     check_finite,
+    check_model,
     check_names,
     check_rules,
     check_sampler,
@@ -334,6 +335,7 @@ class Config:
         check_rules(self, CONFIG_RULES)
         self._check_env_and_data()
         check_names(self)
+        check_model(self)
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = [name for name in self.resume_changed if name.replace("-", "_") not in fields]
         if unknown:

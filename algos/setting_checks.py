@@ -17,6 +17,7 @@ __all__ = [
     "CONFIG_RULES",
     "at_least",
     "check_finite",
+    "check_model",
     "check_names",
     "check_rules",
     "check_sampler",
@@ -79,6 +80,33 @@ def check_names(config: Any) -> None:
             torch.device(config.device)
         except RuntimeError:
             raise ValueError(f"--device {config.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+
+
+def check_model(config: Any) -> None:
+    """Raise ValueError, before any weight loads, for a ``--model`` that holds no model (an empty directory, a broken
+    config.json, a path that is not there) and for ``--lora-target-modules`` that name no layer of it."""
+    from agents.models import linear_modules, model_config
+
+    name = config.model
+    local = name not in (None, "tiny") and (
+        os.path.exists(os.path.expanduser(name)) or name.startswith(("/", ".", "~")) or name.count("/") > 1
+    )
+    if not config.lora and not local:
+        return  # the bundled model, the tiny one, or a hub id: loaded (or refused) by name when the run starts
+    try:
+        found = model_config(config.model)
+    except ValueError as err:
+        raise ValueError(f"--model {config.model!r}: {err}") from None
+    if not config.lora:
+        return
+    layers = linear_modules(found)
+    missing = [t for t in config.lora_target_modules if not any(n == t or n.endswith("." + t) for n in layers)]
+    if missing:
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in layers})
+        raise ValueError(
+            f"--lora-target-modules {' '.join(missing)}: no linear layer of the model is named so; its layers: "
+            f"{', '.join(kinds)}"
+        )
 
 
 def instruction_words(protocol: str, style: str) -> int:

@@ -305,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         target = _run_target(args, parser, config_file, flags)
     else:
         target = _flag_target(args, parser, flags)
+    _check_model(args, parser, target.model)
     try:
         result = _evaluate(args, target)
     except EvaluationFailed as err:
@@ -314,6 +315,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(str(err))
     _report(args, target, result)
     return result
+
+
+def _check_model(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> None:
+    """A local model path that holds no model ends the command in one line before anything loads (a hub id and the
+    bundled model are loaded, or refused, by name)."""
+    from agents.models import model_config
+
+    local = os.path.exists(os.path.expanduser(model)) or model.startswith(("/", ".", "~")) or model.count("/") > 1
+    if args.sampler == "openai" or model in ("None", "none") or not local:
+        return
+    try:
+        model_config(model)
+    except ValueError as err:
+        parser.error(f"--model {model!r}: {err}")
 
 
 def _evaluate(args: argparse.Namespace, target: _Target) -> dict[str, Any]:

@@ -105,6 +105,33 @@ def test_settings_that_cannot_run_are_refused_at_parse_time(argv, message, capsy
     assert message in _refused(argv, capsys)
 
 
+@pytest.mark.parametrize(
+    ("make", "argv", "message"),
+    [
+        (lambda d: d.mkdir(), [], "holds no config.json: not a model directory"),
+        (lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "llama", ')), [], "not a valid JSON"),
+        (lambda d: None, [], "no model at"),
+        (lambda d: None, ["--model", "tiny", "--lora", "--lora-target-modules", "q_proj", "nope"], "nope: no linear"),
+    ],
+    ids=["empty-directory", "broken-config", "missing-path", "lora-target"],
+)
+def test_a_model_that_cannot_load_or_a_lora_target_it_lacks_is_refused_before_any_weight_loads(
+    make, argv, message, tmp_path, capsys
+):
+    model = tmp_path / "model"
+    make(model)
+    err = _refused(argv or ["--model", str(model)], capsys)
+    assert message in err, err
+    assert err.startswith("error: --model " if not argv else "error: --lora-target-modules "), err
+
+
+def test_lora_targets_are_checked_against_the_model_s_own_layers(capsys):
+    config = parse_config(["--preset", "tiny", "--lora", "--lora-target-modules", "q_proj", "mlp.up_proj"], algo="grpo")
+    assert config.lora_target_modules == ("q_proj", "mlp.up_proj")
+    err = _refused(["--lora", "--lora-target-modules", "mlp"], capsys)  # a block, not a layer LoRA adapts
+    assert "its layers: down_proj, embed_tokens, gate_proj" in err, err
+
+
 def test_server_urls_and_every_retriever_kind_pass():
     from retrievers.factory import RETRIEVER_KINDS
 

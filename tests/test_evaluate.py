@@ -151,3 +151,27 @@ def test_the_second_query_bound_counts_what_one_more_search_finds(bm25):
         bound(kwargs, [10**6])
     with pytest.raises(SystemExit):
         main(["--limit", "0"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--limit", "0"], "--limit must be >= 1"),
+        (["--limit", "-1"], "--limit must be >= 1"),
+        (["--sampler", "openai"], "--sampler openai needs --sampler-url"),
+        (["--model", "{empty}"], "holds no config.json"),
+        (["--model", "{missing}"], "no model at"),
+    ],
+)
+def test_evaluate_refuses_bad_input_in_one_line_before_anything_loads(argv, message, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(empty=tmp_path / "empty", missing=tmp_path / "missing") for a in argv]
+    from benchmarks.evaluate import main as evaluate_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main(["--agent", "search_r1", "--corpus", "distractor", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and sum("error: " in line for line in lines) == 1, err
+    assert message in lines[-1], err
