@@ -479,38 +479,50 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
-        self.check_run_dir()
-        checkpoint = self.save()  # rank 0 writes; the other ranks nothing (under --fsdp each its shards)
-        distributed.barrier()  # every checkpoint is on disk before any rank lists them
-        validation = None
-        if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
-            from algos.evaluation import select_checkpoint
+        with run_control.StopSignals() as stop:  # a signal now waits for the final model, then skips the scoring
+            self.check_run_dir()
+            checkpoint = self.save()  # rank 0 writes; the other ranks nothing (under --fsdp each its shards)
+            distributed.barrier()  # every checkpoint is on disk before any rank lists them
+            validation = None
+            if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
+                from algos.evaluation import select_checkpoint
 
-            validation = select_checkpoint(self)
-        self.use_average()  # --weight-average: the final model and the evaluation are the average
-        final = self.save_final_model()
+                validation = select_checkpoint(self)
+            self.use_average()  # --weight-average: the final model and the evaluation are the average
+            final = self.save_final_model()
+        signum = distributed.all_max(stop.signum)  # data parallel: every rank skips the scoring, or none
+        if signum:
+            raise run_control.Interrupted(signum, self.step, checkpoint, final=final)
         if checkpoint is not None and final is not None:
             summary = self.summary(checkpoint, final)
             summary["torch_threads"] = self.threads.describe()
             if validation is not None:
                 summary["validation"] = validation
         if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
-            from algos.evaluation import before_after, plot_curves
-
-            evaluation = before_after(self)  # every rank scores its share of the questions
-            if self.world.is_main:
-                summary["evaluation"] = evaluation
-                curves = plot_curves(
-                    self.metrics_path, self.run_dir / "curves.png", evaluation=evaluation, validation=validation
-                )
-                summary["curves"] = str(curves)
-                summary["process_wall_time_s"] = time.perf_counter() - self.started
+            try:  # a signal now stops the scoring at once: the training and its final model are on disk
+                with run_control.StopSignals(at_once=True):
+                    self._score(summary, validation)
+            except run_control.Interrupted as err:
+                raise run_control.Interrupted(err.signum, self.step, checkpoint, final=final) from None
         if final is not None:
             self.publish(final, summary.get("evaluation"), validation, summary.get("curves"))
         distributed.barrier()  # every file is written before any rank returns
         if self.world.is_main:
             print_summary(summary)
         return summary
+
+    def _score(self, summary: dict[str, Any], validation: dict[str, Any] | None) -> None:
+        """The held-out before/after scores and the learning curves, into `summary` (rank 0's)."""
+        from algos.evaluation import before_after, plot_curves
+
+        evaluation = before_after(self)  # every rank scores its share of the questions
+        if self.world.is_main:
+            summary["evaluation"] = evaluation
+            curves = plot_curves(
+                self.metrics_path, self.run_dir / "curves.png", evaluation=evaluation, validation=validation
+            )
+            summary["curves"] = str(curves)
+            summary["process_wall_time_s"] = time.perf_counter() - self.started
 
     def close(self) -> None:
         """Close the envs, finish the wandb run, leave the process group and release the run directory's lock."""

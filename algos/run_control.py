@@ -199,12 +199,16 @@ class Interrupted(BaseException):
         signum: The signal (SIGTERM or SIGINT).
         step: Steps done when the run stopped; None when it stopped during setup.
         checkpoint: The checkpoint to resume from (None when none was written or this rank writes none).
+        final: The final model, when the stop came after it was saved (during the held-out evaluation).
     """
 
-    def __init__(self, signum: int, step: int | None = None, checkpoint: Path | None = None) -> None:
+    def __init__(
+        self, signum: int, step: int | None = None, checkpoint: Path | None = None, *, final: Path | None = None
+    ) -> None:
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
+        self.final = final
         super().__init__(f"stopped by {signal.Signals(signum).name}")
 
     @property
@@ -220,6 +224,11 @@ class Interrupted(BaseException):
                 anything was saved, the one that starts it again.
         """
         name = signal.Signals(self.signum).name
+        if self.final is not None:
+            return (
+                f"stopped by {name} during the held-out evaluation after step {self.step} (training done); the final "
+                f"model is kept in {self.final}; score it again with: {command}"
+            )
         if self.step is None:
             return f"stopped by {name} during setup, before any step; start it again with: {command}"
         if self.checkpoint is None:

@@ -244,6 +244,35 @@ def test_a_signal_stops_after_the_step_saves_it_and_resume_goes_on_from_it(tmp_p
     assert re.search(rf"torch threads +│ {threads} \(--torch-threads\)", resumed.stdout)  # the summary's row
 
 
+def test_ctrl_c_during_the_held_out_evaluation_keeps_the_final_model_and_exits_130_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "run.log"
+    # all 200 dev questions, twice (start and trained model): the scoring outlasts the wait for final/
+    flags = ["--retriever", "bm25-python", "--steps", "1", "--eval-questions", "200", "--torch-threads", "1"]
+    with open(log, "w") as out:
+        run = subprocess.Popen(
+            [*_train(), *flags, "--run-dir", str(run_dir)], env=ENV, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        _wait_for(lambda: (run_dir / "final" / "config.json").is_file(), run, log)
+        run.send_signal(signal.SIGINT)
+        returncode = run.wait(timeout=WAIT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    output = log.read_text()
+    assert returncode == 130, output[-3000:]
+    assert (run_dir / "final" / "config.json").is_file() and not (run_dir / "eval.json").exists()
+    latest = find_latest(run_dir / "checkpoints")
+    resume = f"python -m algos.red_grpo --preset tiny --eval-questions 0 {' '.join(flags)} --resume --run-dir {run_dir}"
+    assert _one_line(output, "stopped by SIGINT") == (
+        f"stopped by SIGINT during the held-out evaluation after step 1 (training done); the final model is kept in "
+        f"{run_dir / 'final'}; score it again with: {resume}"
+    )
+    assert latest is not None and load_checkpoint(latest).step == 1
+
+
 def test_a_signal_during_setup_ends_the_run_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     log = tmp_path / "run.log"
