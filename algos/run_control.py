@@ -239,12 +239,13 @@ class Interrupted(BaseException):
 def _torchrun_launch() -> list[str]:
     """The torchrun launch of this process's ranks, from torchrun's environment: exact on one node (``--standalone``);
     on several, the node count and rendezvous endpoint it shows (other launch flags are the user's to add)."""
+    launcher = shlex.split(os.environ.get("REDCODA_LAUNCHER", "torchrun"))  # algos.torchrun sets it
     per_node = os.environ.get("LOCAL_WORLD_SIZE", "1")
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     if nodes <= 1:
-        return ["torchrun", "--standalone", "--nproc-per-node", per_node]
+        return [*launcher, "--standalone", "--nproc-per-node", per_node]
     endpoint = f"{os.environ.get('MASTER_ADDR', 'HOST')}:{os.environ.get('MASTER_PORT', 'PORT')}"
-    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", per_node, "--rdzv-endpoint", endpoint]
+    return [*launcher, "--nnodes", str(nodes), "--nproc-per-node", per_node, "--rdzv-endpoint", endpoint]
 
 
 def rerun_command(args: Sequence[str], run_dir: str | os.PathLike, *, resume: bool) -> str:
@@ -275,13 +276,25 @@ def rerun_command(args: Sequence[str], run_dir: str | os.PathLike, *, resume: bo
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+FORWARD_WINDOW_S = 2.0
+"""Under torchrun, a second signal this soon after the first is torchrun forwarding the first (Ctrl-C reaches every
+worker from the terminal, then again from torchrun), not a user asking to stop at once."""
+
+
+def _forwarded(since_first: float) -> bool:
+    """Whether a repeated signal, `since_first` seconds after the first, is torchrun's forward of it."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and since_first < FORWARD_WINDOW_S
+
+
 class StopSignals:
     """A context in which SIGTERM and SIGINT ask the run to stop instead of ending the process.
 
     Inside it, the first signal sets `signum` (the training loop stops at the next step's end) or, with `at_once`,
     raises `Interrupted` where the main thread is (setup, where nothing is lost); a second signal ends the process
-    with the signal's own default action, without a checkpoint. Leaving the context restores the handlers it
-    replaced. Outside the main thread, where Python cannot handle signals, the context changes nothing.
+    with the signal's own default action, without a checkpoint (under torchrun, not one within `FORWARD_WINDOW_S`
+    of the first: that is torchrun forwarding a Ctrl-C the rank also got from the terminal). Leaving the context
+    restores the handlers it replaced. Outside the main thread, where Python cannot handle signals, the context
+    changes nothing.
 
     Args:
         at_once: Raise `Interrupted` on the first signal instead of setting `signum`.
@@ -292,6 +305,7 @@ class StopSignals:
         self.signum = 0
         """The first signal received (0: none)."""
         self._previous: dict[int, Any] = {}
+        self._first = 0.0
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -306,12 +320,16 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if self.signum and _forwarded(time.monotonic() - self._first):
+            logger.info("%s again, from torchrun forwarding it: already stopping after the current step", name)
+            return
         if self.signum:
             logger.warning("%s again: stopping at once, without a checkpoint", name)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
+        self._first = time.monotonic()
         if self.at_once:
             raise Interrupted(signum)
         logger.warning("%s: stopping after the current step (again: stop at once, without a checkpoint)", name)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -343,6 +344,66 @@ def test_under_torchrun_the_rerun_command_relaunches_with_torchrun(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
     command = run_control.rerun_command([], Path("x"), resume=True)
     assert command.startswith("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node0:29500 -m algos.grpo_sft ")
+    monkeypatch.setenv("REDCODA_LAUNCHER", "python -m algos.torchrun")  # what algos.torchrun tells its workers
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    command = run_control.rerun_command([], Path("x"), resume=True)
+    assert command == "python -m algos.torchrun --standalone --nproc-per-node 8 -m algos.grpo_sft --resume --run-dir x"
+
+
+def test_under_torchrun_the_forwarded_repeat_of_a_signal_is_the_same_stop(monkeypatch, caplog):
+    """Ctrl-C reaches a torchrun worker twice, from the terminal and from torchrun: the repeat must not be taken for
+    a second Ctrl-C (stop at once, without a checkpoint). A repeat after the window still is one (not sent here: it
+    would end this process)."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    caplog.set_level(logging.INFO, logger="algos.run_control")
+    with run_control.StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # still alive: the handler took it as torchrun's forward
+    assert stop.signum == signal.SIGINT
+    assert "again, from torchrun forwarding it" in caplog.text
+    assert not run_control._forwarded(run_control.FORWARD_WINDOW_S + 0.1)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert not run_control._forwarded(0.0)  # without torchrun a repeat is always the user's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-to-the-group", "SIGTERM-to-it"])
+def test_algos_torchrun_stops_two_ranks_with_one_checkpoint_one_line_and_the_signal_s_status(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    log = tmp_path / "run.log"
+    flags = ["--preset", "tiny", "--eval-questions", "0", "--steps", "200", "--torch-threads", "1"]
+    launch = [sys.executable, "-m", "algos.torchrun", "--standalone", "--nproc-per-node", "2", "-m", "algos.grpo_sft"]
+    with open(log, "w") as out:
+        run = subprocess.Popen(
+            [*launch, *flags, "--run-dir", str(run_dir)],
+            env=ENV,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+        )
+    try:
+        _wait_for(lambda: len(_rows(run_dir)) >= 2, run, log)
+        if signum == signal.SIGINT:
+            os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the launcher and every worker
+        else:
+            run.send_signal(signal.SIGTERM)
+        returncode = run.wait(timeout=WAIT_S)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    output = log.read_text()
+    assert returncode == 128 + signum, output[-3000:]
+    steps = len(_rows(run_dir))
+    latest = find_latest(run_dir / "checkpoints")
+    assert latest is not None and load_checkpoint(latest).step == steps
+    resume = shlex.join(["python", "-m", "algos.torchrun", *launch[3:], *flags, "--resume", "--run-dir", str(run_dir)])
+    name = signal.Signals(signum).name
+    assert _one_line(output, f"stopped by {name}") == (
+        f"stopped by {name} after step {steps} (checkpoint {latest}); continue with: {resume}"
+    )
+    assert "Connection closed by peer" not in output and "SignalException" not in output
 
 
 # --- torch's CPU threads ------------------------------------------------------------------------------------------
