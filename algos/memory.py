@@ -191,6 +191,8 @@ def check(found: Estimate, capacity: float) -> None:
         return
     hints = ["--gradient-checkpointing", "--fsdp over more GPUs", "--param-dtype bfloat16", "--lora"]
     hints += ["a smaller --micro-batch-tokens", "a smaller --sampler-batch-size or --max-context-tokens"]
+    if max(found.parts, key=found.parts.get) == "rollout batch":  # the step's episodes: fewer of them, first
+        hints = ["a smaller --group-size or --questions-per-step", "a smaller --max-context-tokens", "more ranks"]
     raise DoesNotFit(
         f"the memory estimate, {found.describe()}, exceeds {MARGIN:.0%} of the {capacity / GIB:.1f} GiB this "
         f"{found.device} can give the run: try {', '.join(hints)} (or --no-memory-check to start anyway)"

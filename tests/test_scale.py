@@ -164,6 +164,7 @@ def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_p
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the memory estimate") and "rollout batch" in err and "\n" not in err
+    assert "try a smaller --group-size or --questions-per-step" in err
 
 
 def test_memory_cli_estimates_a_local_config(tmp_path, capsys):
