@@ -19,15 +19,17 @@ episodes only. CoDA: the planner delegates the question as its first task (later
 the results name), each executor plays the flat policy on its task, and the planner answers from its <result>s.
 Every action goes through the real env and retriever; episodes are recorded in the LLM agents' token layout.
 
-    python -m agents.oracle --split train --out oracle_train.jsonl [--protocol flat|coda] [--limit N]
+    python -m agents.oracle --split train --out oracle_train.jsonl [--protocol flat|coda] [--limit N] [--data-path F]
 
-Output: one JSON object per episode (the chat format documented in `demonstration_record`).
+Output: one JSON object per episode (the chat format documented in `demonstration_record`). Bad input ends the
+command at start with one line, ``error: ...``, and exit status 2, before the tokenizer loads or a retriever starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,9 +39,10 @@ import numpy as np
 
 from agents.records import Completion, SamplingParams, Trajectory
 from agents.search_agents import ContextAgent, _Slot
-from envs.data import QAExample
+from envs.data import BUNDLED_SPLITS, DATASETS, QAExample
 from envs.protocol import ENV_TAGS, MODEL_TAGS
 from envs.rewards import is_yes_no, normalize_answer
+from retrievers.build_index import OneLineParser, output_problem
 
 _DOC = re.compile(r'^Doc \d+ ?\(Title: "(.*?)"\) (.*)', re.MULTILINE)
 """One passage of a results block (the text inside ``<information>``), from the start of a line to its end, in either
@@ -361,35 +364,69 @@ def demonstration_record(trajectory: Trajectory, tokenizer: Any, env: Any) -> di
     }
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m agents.oracle", description="Write oracle demonstrations (SFT data).")
+    parser.add_argument("--split", default="train", help="bundled split (hotpotqa: train, dev)")
+    parser.add_argument("--dataset", default="hotpotqa", choices=DATASETS)
+    parser.add_argument("--data-path", default=None, help="read the questions from this file instead of the split")
+    parser.add_argument("--protocol", choices=("flat", "coda"), default="flat")
+    parser.add_argument("--out", required=True, help="output file, JSON lines (its directories are created)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N questions (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=32, help="episodes played at once")
+    parser.add_argument("--quote-words", type=int, default=12, help="words of the evidence quote (0: no quote)")
+    return parser
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What makes the command line unusable, checked before the tokenizer loads or a retriever starts."""
+    if args.data_path is None and args.split not in BUNDLED_SPLITS[args.dataset]:
+        bundled = ", ".join(BUNDLED_SPLITS[args.dataset])
+        return f"--split {args.split!r}: {args.dataset} has no bundled split of that name; bundled: {bundled}"
+    if args.data_path is not None and not os.path.isfile(args.data_path):
+        return f"--data-path {args.data_path!r}: no such file"
+    if args.limit is not None and args.limit < 1:
+        return f"--limit must be >= 1, got {args.limit}"
+    if args.batch < 1:
+        return f"--batch must be >= 1, got {args.batch}"
+    if args.quote_words < 0:
+        return f"--quote-words must be >= 0 (0: no quote), got {args.quote_words}"
+    if not 0 <= args.seed < 2**32:
+        return f"--seed must be in [0, 2**32) (NumPy's seeds), got {args.seed}"
+    return output_problem("--out", args.out)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    """Play the oracle over a split and write its demonstrations; bad input ends it in one line, exit status 2."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        parser.error(problem)
+
     import gymnasium as gym
     from tqdm.auto import tqdm
 
     import envs  # noqa: F401
     from agents.models import smollm2_tokenizer
+    from envs.data import DataError
 
-    parser = argparse.ArgumentParser(description="Write oracle demonstrations (SFT data) as JSON lines.")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--dataset", default="hotpotqa")
-    parser.add_argument("--protocol", choices=("flat", "coda"), default="flat")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--quote-words", type=int, default=12, help="words of the evidence quote (0: no quote)")
-    args = parser.parse_args(argv)
-
-    tokenizer = smollm2_tokenizer()
     env_kwargs = {
         "dataset": args.dataset,
         "split": args.split,
+        "data_path": args.data_path,
         "protocol": args.protocol,
         "max_turns": 6,
         "max_planner_turns": 6,
         "max_executor_turns": 4,
     }
-    envs_ = [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(args.batch)]
-    n = min(args.limit or envs_[0].unwrapped.num_examples, envs_[0].unwrapped.num_examples)
+    try:  # the questions load here: a malformed data file names its line
+        first = gym.make("RedCoda-HotpotQA-v0", **env_kwargs)
+    except DataError as err:
+        parser.error(str(err))
+    tokenizer = smollm2_tokenizer()
+    n = min(args.limit or first.unwrapped.num_examples, first.unwrapped.num_examples)
+    envs_ = [first] + [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(min(args.batch, n) - 1)]
     agent = OracleAgent(tokenizer, seed=args.seed, quote_words=args.quote_words)
     f1s = []
     with open(args.out, "w", encoding="utf-8") as out, tqdm(total=n, desc="oracle", unit="q") as bar:

@@ -22,20 +22,56 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from retrievers.corpus import fingerprint_rows, iter_corpus_rows
+from retrievers.corpus import CorpusError, fingerprint_rows, iter_corpus_rows
 
 META = "meta.json"
 INDEX = "index.faiss"
 EMBEDDINGS = "embeddings.npy"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, ``error: ...``, with exit status 2 and no usage text: the
+    form every command line of the project refuses bad input in."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def output_problem(flag: str, path: str | os.PathLike, *, directory: bool = False) -> str | None:
+    """Why the command cannot write its output (a file, or a directory with `directory`) at `path`, or None.
+
+    Creates the missing parent directories, as writing would, and opens a temporary file among them, so that a parent
+    that is a file, a read-only file system or a directory without write permission is told before any work starts.
+    """
+    path = Path(path)
+    if not directory and path.is_dir():
+        return f"{flag} {path}: is a directory; give a file name"
+    if directory and path.exists() and not path.is_dir():
+        return f"{flag} {path}: is a file, not a directory"
+    above = next(parent for parent in path.absolute().parents if parent.exists())
+    if not above.is_dir():
+        return f"{flag} {path}: {above} is a file, not a directory"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        return f"{flag} {path}: cannot write in {path.parent} ({err.strerror or err})"
+    if not directory and path.exists() and not os.access(path, os.W_OK):
+        return f"{flag} {path}: the file is not writable"
+    return None
 
 
 def contents_of(title: str, text: str) -> str:
@@ -184,8 +220,8 @@ def build_dense(
     return Path(out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m retrievers.build_index", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m retrievers.build_index", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True, help="corpus file, JSON lines of {id, contents} (.gz ok)")
     parser.add_argument("--kind", required=True, choices=["bm25", "dense", "embeddings"])
     parser.add_argument("--out", required=True, help="output directory (must not exist unless --overwrite)")
@@ -200,14 +236,78 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None, help="dense: torch device (default: cuda if available)")
     parser.add_argument("--hnsw", type=int, default=0, metavar="M", help="dense: HNSW with this M (0: exact flat)")
     parser.add_argument("--chunk", type=int, default=16384, help="dense: rows encoded per chunk")
-    args = parser.parse_args(argv)
+    return parser
 
-    if args.kind == "bm25":
-        out = build_bm25(args.corpus, args.out, threads=args.threads, overwrite=args.overwrite)
-    else:
-        from retrievers.encoders import DEFAULT_ENCODER, HFEncoder
 
-        encoder = HFEncoder(
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What makes the command line unbuildable, checked before the JVM starts or a model loads (None when nothing).
+
+    For BM25 every row of the corpus is read here (a streaming pass, short beside the indexing); dense builds read
+    the first row here and the rest in their counting pass, after the model loads and before any row is encoded. A
+    malformed row stops the command in one line naming the file and the line, and leaves no output.
+    """
+    for name in ("threads", "max_length", "batch_size", "chunk"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    if args.hnsw < 0:
+        return f"--hnsw must be >= 0 (0: exact flat), got {args.hnsw}"
+    if not Path(args.corpus).is_file():
+        return f"--corpus: no corpus file at {args.corpus}"
+    try:
+        rows = sum(1 for _ in islice(iter_corpus_rows(args.corpus), None if args.kind == "bm25" else 1))
+    except CorpusError as err:
+        return str(err)
+    if rows == 0:
+        return f"{args.corpus}: the corpus file holds no rows"
+    if Path(args.out).exists() and not args.overwrite:
+        return f"--out {args.out} exists; pass --overwrite to replace it"
+    if args.kind != "bm25" and args.device is not None:
+        import torch
+
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            return f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)"
+    return output_problem("--out", args.out, directory=True)
+
+
+def _exit_with(message: str, status: int = 2) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line, check it, and build the index; bad input ends it in one line with exit status 2."""
+    args = _parser().parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        _exit_with(problem)
+    try:
+        if args.kind == "bm25":
+            out = build_bm25(args.corpus, args.out, threads=args.threads, overwrite=args.overwrite)
+        else:
+            out = build_dense(
+                args.corpus,
+                args.out,
+                encoder=_encoder(args),
+                hnsw_m=args.hnsw,
+                chunk=args.chunk,
+                embeddings_only=args.kind == "embeddings",
+                overwrite=args.overwrite,
+            )
+    except CorpusError as err:  # a malformed row past the first: the message names the file and the line
+        _exit_with(str(err))
+    except OSError as err:  # the disk filled or went read-only mid-build: the partial output is already removed
+        _exit_with(f"writing {args.out} failed ({err}); nothing was written", 1)
+    print(f"wrote {out}")
+
+
+def _encoder(args: argparse.Namespace):
+    """The command line's passage encoder; one that cannot load ends the command in one line."""
+    from retrievers.encoders import DEFAULT_ENCODER, HFEncoder
+
+    try:
+        return HFEncoder(
             args.encoder or DEFAULT_ENCODER,
             query_prefix=args.query_prefix,
             passage_prefix=args.passage_prefix,
@@ -216,16 +316,8 @@ def main(argv: list[str] | None = None) -> None:
             device=args.device,
             name=args.encoder_name,
         )
-        out = build_dense(
-            args.corpus,
-            args.out,
-            encoder=encoder,
-            hnsw_m=args.hnsw,
-            chunk=args.chunk,
-            embeddings_only=args.kind == "embeddings",
-            overwrite=args.overwrite,
-        )
-    print(f"wrote {out}")
+    except (OSError, ValueError) as err:
+        _exit_with(f"--encoder: {err}")
 
 
 if __name__ == "__main__":

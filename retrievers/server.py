@@ -45,6 +45,7 @@ except ImportError as err:
     raise ImportError("the retrieval server needs fastapi and uvicorn: pip install 'redcoda[server]'") from err
 
 from retrievers.base import Passage, QueryError, Retriever, clean_query
+from retrievers.build_index import OneLineParser
 
 BUNDLED_CORPUS = Path(__file__).resolve().parent.parent / "envs" / "data" / "hotpotqa" / "corpus.jsonl.gz"
 
@@ -222,9 +223,13 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
             device=args.device,
         )
         index = args.index if args.kind == "dense" else args.dense_index
-        dense = DenseRetriever(
-            corpus, encoder, index=index, kind="hnsw" if args.hnsw else "flat", hnsw_m=args.hnsw or 32
-        )
+        try:
+            dense = DenseRetriever(
+                corpus, encoder, index=index, kind="hnsw" if args.hnsw else "flat", hnsw_m=args.hnsw or 32
+            )
+        except RuntimeError as err:  # FAISS's reader: a file that holds no index, or one this build cannot read
+            flag = "--index" if args.kind == "dense" else "--dense-index"
+            raise ValueError(f"{flag} {index}: not a FAISS index ({str(err).splitlines()[0][-200:]})") from None
     if args.kind in ("bm25", "hybrid"):
         from retrievers.bm25 import BM25Retriever
 
@@ -245,7 +250,7 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m retrievers.server", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m retrievers.server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=["bm25", "dense", "hybrid"], default="bm25")
     parser.add_argument("--corpus", default=str(BUNDLED_CORPUS), help="corpus file (default: bundled HotpotQA)")
     parser.add_argument("--index", default=None, help="prebuilt index for bm25/dense (default: build and cache)")
@@ -315,6 +320,13 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     for name in ("index", "bm25_index", "dense_index"):
         if getattr(args, name) is not None and not Path(getattr(args, name)).exists():
             return f"--{name.replace('_', '-')}: no index at {getattr(args, name)}"
+    if args.kind != "bm25" and args.device is not None:
+        import torch
+
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            return f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:1, ...)"
     try:  # a port in use (or a host that is not this machine's) fails now, not after minutes of index building
         with socket.create_server((args.host, args.port)):
             pass

@@ -270,7 +270,7 @@ def test_bm25_is_safe_to_call_from_many_threads(bm25_subset, engine):
         assert result == want
 
 
-def test_build_index_cli_streams_bm25_and_dense(tmp_path, subset, encoder):
+def test_build_index_cli_streams_bm25_and_dense(tmp_path, subset, encoder, capsys):
     from retrievers.bm25 import BM25Retriever
     from retrievers.build_index import main
     from retrievers.dense import DenseRetriever
@@ -282,8 +282,11 @@ def test_build_index_cli_streams_bm25_and_dense(tmp_path, subset, encoder):
     small = Corpus.from_jsonl(corpus_file)
     main(["--corpus", str(corpus_file), "--kind", "bm25", "--out", str(tmp_path / "bm25")])
     main(["--corpus", str(corpus_file), "--kind", "dense", "--out", str(tmp_path / "dense"), "--chunk", "16"])
-    with pytest.raises(FileExistsError):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # an existing output is refused at start, in one line
         main(["--corpus", str(corpus_file), "--kind", "bm25", "--out", str(tmp_path / "bm25")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: --out {tmp_path / 'bm25'} exists; pass --overwrite to replace it\n"
     meta = json.loads((tmp_path / "dense" / "meta.json").read_text())
     assert meta["count"] == 40 and meta["corpus_fingerprint"] == small.fingerprint
     assert meta["encoder_key"] == encoder.key
