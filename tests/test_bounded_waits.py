@@ -42,6 +42,9 @@ class _DripHandler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(answer)
                 return
             for i in range(len(answer)):  # the status line and headers drip too, not only the body
+                if self.server.stopped:  # the test has seen what it waited for
+                    self.close_connection = True
+                    return
                 self.wfile.write(answer[i : i + 1])
                 self.wfile.flush()
                 time.sleep(DRIP_INTERVAL)
@@ -68,12 +71,14 @@ def drip_server() -> Iterator[Callable[..., tuple[str, http.server.ThreadingHTTP
         server.daemon_threads = True
         server.drip_all = drip_all
         server.posts = []
+        server.stopped = False
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}", server
 
     yield start
     for server in servers:
+        server.stopped = True  # no handler goes on dripping into the tests that follow
         server.shutdown()
         server.server_close()
 
@@ -128,6 +133,76 @@ def test_an_openai_sampler_row_ends_at_its_deadline_and_counts_as_an_error(drip_
     assert 2 * 0.9 * timeout <= took < 3 * (2 * timeout + 0.5)  # the dripped answer would take about a minute
     with pytest.raises(ValueError, match="finite timeout_s"):
         OpenAISampler(f"{url}/v1", "served", tokenizer, timeout_s=float("inf"))
+
+
+def test_the_openai_clients_own_timeout_does_not_end_a_dripping_answer(drip_server):
+    """Why `OpenAISampler` keeps a transport of its own under the `openai` client: the client's timeout bounds each
+    socket read alone, so a dripped answer holds the client long past it (a minute, here)."""
+    openai = pytest.importorskip("openai")
+
+    url, server = drip_server()
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", timeout=1.0, max_retries=0)
+    outcome: list[object] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(client.completions.create(model="served", prompt="x", max_tokens=4))
+        except Exception as err:  # what the client raises once the test stops the drip
+            outcome.append(err)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(timeout=4.0)
+    still_waiting = thread.is_alive() and not outcome
+    server.stopped = True  # end the drip, so the client's thread ends too
+    thread.join(timeout=10.0)
+    client.close()
+    assert still_waiting, f"the client gave up on its own after {outcome}"
+
+
+class _FlakyHandler(http.server.BaseHTTPRequestHandler):
+    """Answers the first POST with 503 and every later one with a completion."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.posts.append(dict(self.headers))
+        if len(self.server.posts) == 1:
+            status, body = 503, {"error": {"message": "overloaded"}}
+        else:
+            choice = {"index": 0, "text": "<answer>Ed Wood", "finish_reason": "stop", "logprobs": None}
+            status, body = 200, {"id": "c", "object": "text_completion", "model": "served", "choices": [choice]}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_an_openai_sampler_retries_through_the_openai_client(tiny):
+    """A 503 is retried by the `openai` client itself (its retry count header on the second request), and the
+    answer comes back through the sampler's deadline transport."""
+    from agents.records import SamplingParams
+    from agents.samplers.openai_api import OpenAISampler
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyHandler)
+    server.daemon_threads, server.posts = True, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _, tokenizer = tiny
+    sampler = OpenAISampler(f"http://127.0.0.1:{server.server_address[1]}/v1", "served", tokenizer, max_retries=1)
+    [row] = sampler.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, stop=("</answer>",)))
+    sampler.close()
+    server.shutdown()
+    server.server_close()
+    assert row.finish_reason == "stop" and row.text == "<answer>Ed Wood</answer>", row
+    assert len(server.posts) == 2
+    retries = [{k.lower(): v for k, v in headers.items()}.get("x-stainless-retry-count") for headers in server.posts]
+    assert retries == ["0", "1"]
 
 
 def test_evaluate_gives_up_on_a_dripping_served_model_at_its_sampler_timeout(drip_server, tiny, tmp_path, capsys):
