@@ -2,23 +2,24 @@
 
 `RolloutCollector` is a TorchRL collector: it initialises TorchRL's `BaseCollector` as TorchRL's own collectors
 do, iterating it (or `next()`) yields one TensorDict batch at a time through the base class's iteration, `len()`
-counts batches from its frames (a frame here is one episode), and `update_policy_weights_` takes the forms
-TorchRL's does (a module, a state dict or TensorDict of weights, or `(name, tensor)` pairs), so its batches go
-straight into a TorchRL `ReplayBuffer.extend` and it stands where TorchRL code expects a collector. It does not
-use TorchRL's LLMCollector: that one resets finished envs mid-batch, which breaks batched multi-turn episodes of
-unequal length. Here every batch is `questions_per_batch` questions x `group_size` episodes each, all played to the
-end by one batched agent call.
+counts batches from its frames (a frame here is one episode), and `update_policy_weights_` is the base class's,
+backed by a TorchRL weight-sync scheme (`SamplerWeightSync`), so its batches go straight into a TorchRL
+`ReplayBuffer.extend` and it stands where TorchRL code expects a collector. It does not use TorchRL's LLMCollector:
+that one resets finished envs mid-batch, which breaks batched multi-turn episodes of unequal length. Here every
+batch is `questions_per_batch` questions x `group_size` episodes each, all played to the end by one batched agent
+call. A batch holds our keys (`agents.collate.collate_trajectories`) and TorchRL's LLM keys beside them
+(`agents.torchrl_layout`).
 
 Data order is a seeded permutation of the question indices, reshuffled each epoch; the position in it is
 part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
 
     collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
-    for batch in collector:          # TensorDict of generations (see agents.collate.collate_trajectories)
+    for batch in collector:          # TensorDict of generations; collector.last_trajectories are its records
         replay_buffer.extend(batch)  # e.g. ReplayBuffer(storage=LazyTensorStorage(...)) for equal-length batches
         ...
         collector.update_policy_weights_(policy)
 
-A trainer that needs the trajectories themselves (records, not tensors) calls `collect()`.
+`collect()` plays one batch and returns its trajectories (records, not tensors) without collating them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 from tensordict import TensorDictBase
 from torchrl.collectors import BaseCollector
+from torchrl.weight_update import WeightSyncScheme
 
 from agents.records import Trajectory
 from agents.tree import TreeShape, play_trees
@@ -99,6 +101,14 @@ class RolloutCollector(BaseCollector):
             raise ValueError("no questions to collect on")
         self.set_seed(seed)
         self.last_trajectories: list[Trajectory] = []
+        self.batch_questions: int | None = None
+        """Questions in each batch that iteration yields from here on, at most ``questions_per_batch`` (a trainer's
+        smaller probe batch); None: ``questions_per_batch``."""
+        # TorchRL's weight sync, set up as its single-process `Collector` sets up the schemes it is given
+        self._weight_sync_schemes = {"policy": SamplerWeightSync(agent)}
+        for model_id, scheme in self._weight_sync_schemes.items():
+            scheme.init_on_sender(model_id=model_id, context=self)
+            scheme.connect()
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         self.seed = int(seed)
@@ -148,46 +158,24 @@ class RolloutCollector(BaseCollector):
         return trajectories
 
     def iterator(self) -> Iterator[TensorDictBase]:
-        """Yield one collated batch (`agents.collate.collate_trajectories`) per `collect()` until `total_batches`.
+        """Yield one collated batch per `collect()` until `total_batches`: `agents.collate.collate_trajectories`'s
+        keys and TorchRL's LLM keys beside them (`agents.torchrl_layout.add_torchrl_keys`); `last_trajectories` are
+        its records. ``batch_questions`` is read before each batch is played.
 
         Iterate the collector itself (``for batch in collector``): TorchRL's `BaseCollector.__iter__` wraps this
         (it shuts the collector down if a batch fails).
         """
         from agents.collate import collate_trajectories
+        from agents.torchrl_layout import add_torchrl_keys
 
         pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
         while self.total_batches < 0 or self.batches_done < self.total_batches:
             if self._pre_collect_hook is not None:
                 self._pre_collect_hook()
-            batch = collate_trajectories(self.collect(), pad_token_id=pad)
+            batch = add_torchrl_keys(collate_trajectories(self.collect(self.batch_questions), pad_token_id=pad))
             if self._post_collect_hook is not None:
                 self._post_collect_hook(batch)
             yield batch
-
-    def update_policy_weights_(
-        self,
-        policy_or_weights: Any = None,
-        *,
-        weights: Any = None,
-        policy: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        """Make the agent sample from the newest weights.
-
-        The transformers sampler shares the trainer's model object, so there is nothing to copy; a sampler
-        with its own engine (vLLM) exposes `load_weights(named_tensors)`, which gets the trainer's weights.
-
-        Args:
-            policy_or_weights: the policy module (its state dict is sent), a state dict or TensorDict of weights,
-                or an iterable of ``(name, tensor)`` pairs.
-            weights: TorchRL's keyword form of weights.
-            policy: TorchRL's keyword form of a policy module.
-            **kwargs: TorchRL's other arguments (``worker_ids``, ``model_id``): one local agent, so unused.
-        """
-        source = next((x for x in (policy_or_weights, weights, policy) if x is not None), None)
-        sampler = getattr(self.agent, "sampler", None)
-        if source is not None and hasattr(sampler, "load_weights"):
-            sampler.load_weights(_named_tensors(source))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the data order stands (seed, epoch, position, batches done)."""
@@ -200,9 +188,65 @@ class RolloutCollector(BaseCollector):
         self._order = self._permutation(self._epoch)
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        for scheme in self._weight_sync_schemes.values():
+            scheme.shutdown()
         if close_env:
             for env in self.envs:
                 env.close()
+
+
+class SamplerWeightSync(WeightSyncScheme):
+    """TorchRL's weight-sync scheme for an agent's in-process sampler: `update_policy_weights_` sends through it.
+
+    A sampler with its own copy of the weights (vLLM) exposes ``load_weights(named_tensors)``: sending hands it the
+    weights, in every form `BaseCollector.update_policy_weights_` takes (a module, whose state dict is sent; a state
+    dict or TensorDict of weights; ``(name, tensor)`` pairs). The transformers sampler samples from the trainer's
+    model object itself, so there is nothing to send; nor when no weights are given (there is no server copy to
+    fetch them from). One local agent: ``worker_ids`` name nothing.
+
+    TorchRL 0.14 deprecates `WeightUpdaterBase` (the object behind ``collector.weight_updater``) for these schemes;
+    its own single-process `Collector` keeps ``weight_updater`` None when given a scheme, as this collector does.
+
+    Args:
+        agent: The agent whose ``sampler`` gets the weights.
+    """
+
+    def __init__(self, agent: Any) -> None:
+        super().__init__()
+        self.agent = agent
+
+    def _init_on_sender_impl(self, model_id: str, context: Any = None, **kwargs: Any) -> None:
+        self.model_id = model_id
+        self.context = context
+        self.shared_transport = self.create_transport()
+
+    def create_transport(self, **kwargs: Any) -> _SamplerTransport:
+        return _SamplerTransport(self.agent)
+
+    def prepare_weights(self, weights: Any, model_id: str, strategy: Any, context: Any = None) -> Any:
+        """`(name, tensor)` pairs of `weights` (see `_named_tensors`), or None when none were given."""
+        return None if weights is None else _named_tensors(weights)
+
+
+class _SamplerTransport:
+    """The transport of `SamplerWeightSync`: a call into the sampler's ``load_weights`` in this process."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def send_weights(self, weights: Iterable[tuple[str, Any]] | None) -> None:
+        sampler = getattr(self.agent, "sampler", None)
+        if weights is not None and hasattr(sampler, "load_weights"):
+            sampler.load_weights(weights)
+
+    def receive_weights(self, timeout: float | None = None, **kwargs: Any) -> None:
+        return None
+
+    def setup_connection_and_weights_on_sender(self) -> None:
+        """Nothing to connect: the sampler lives in this process."""
+
+    def setup_connection_and_weights_on_receiver(self, **kwargs: Any) -> None:
+        return None
 
 
 def _named_tensors(source: Any) -> Iterable[tuple[str, Any]]:

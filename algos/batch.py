@@ -78,15 +78,20 @@ def micro_batches(lengths: Sequence[int], max_tokens: int, max_padding: float = 
 
 
 def trim_rows(batch: TensorDict, rows: Sequence[int], device: torch.device | str) -> TensorDict:
-    """Rows of a padded batch trimmed to their longest real length ``L`` (per-token tensors to ``L-1``), on `device`."""
+    """Rows of a padded batch trimmed to their longest real length ``L`` (per-token tensors to ``L-1``), on `device`.
+
+    Token-aligned tensors, ``(n, T, ...)`` (ids, attention mask, TorchRL's unshifted keys of `agents.torchrl_layout`),
+    keep ``L`` columns; every other per-token tensor (``loss_mask``, ``old_logp``, ...) is shifted and keeps ``L-1``.
+    """
     part = batch[torch.tensor(list(rows))]
+    width = part["input_ids"].shape[1]  # T
     length = int(part["attention_mask"].sum(-1).max())
-    out = {}
-    for key, value in part.items():
-        if value.ndim == 2:  # (n, T) ids and attention mask; (n, T-1) per-token tensors (loss_mask, old_logp, ...)
-            value = value[:, : length if key in ("input_ids", "attention_mask") else length - 1]
-        out[key] = value
-    return TensorDict(out, batch_size=[len(rows)]).to(device)
+    out = TensorDict({}, batch_size=[len(rows)])
+    for key, value in part.items(include_nested=True, leaves_only=True):
+        if value.ndim >= 2:
+            value = value[:, : length if value.shape[1] == width else length - 1]
+        out.set(key, value)
+    return out.to(device)
 
 
 def scored_hidden(

@@ -2,19 +2,21 @@
 
 The three algorithms differ only in the SFT weighting rule (`algos.weighting`: NoSFT, FixedSFT, RED); one step:
 
-    trajectories = collector.collect()                          # G episodes for each of B questions
-    batch = collate_trajectories(trajectories)                  # (N, T) contexts, (N, T-1) sampled-token mask
+    batch = next(batches)                                       # batches = iter(collector): (N, T) contexts, ...
+    trajectories = collector.last_trajectories                  # their records: G episodes for each of B questions
     batch["adv"] = group_advantages(rewards, group_id)[episode] # (N,): the episode's, for each of its contexts
     w = rule.weight(rl_entropy=entropy_estimate(old_logp, mask), batch_accuracy=answer_accuracy(trajectories))
     loss = loss_pg + loss_kl + w * sft_coef * loss_sft          # token means over the RL batch and the demos
     loss.backward(); clip_grad_norm_; AdamW.step()              # backward runs micro-batch by micro-batch
     rule.observe_sft_entropy(h_sft)                             # measured in the SFT forward pass
+    collector.update_policy_weights_(policy)                    # a sampler with its own weights (vLLM) gets them
 
 `Trainer` says the details a reader may need and how other learners (PPO, ArCHer) reuse this step. Everything
 around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out evaluation, the
 summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share of the batch
 (`algos.distributed`); the few lines that make it equal one process's step say "data parallel", and those that
-let a sharded policy (``--fsdp``) run it say "--fsdp".
+let a sharded policy (``--fsdp``) run it say "--fsdp". The RL batch carries TorchRL's LLM keys beside ours
+(`agents.torchrl_layout`), so ``torchrl.objectives.llm.GRPOLoss`` can read it (docs/method.md, "TorchRL").
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,8 @@ from tensordict import TensorDict
 
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import Trajectory
-from algos import distributed
+from agents.torchrl_layout import add_torchrl_keys
+from algos import distributed, episode_checks
 from algos.batch import (
     answer_accuracy,
     masked_token_logprobs,
@@ -73,7 +76,8 @@ class Rollouts:
     """One step's episodes and RL batch, measured and ready for the update (`Trainer.collect_rollouts`)."""
 
     batch: TensorDict
-    """This rank's RL batch, advantages and old log-probs included (`Trainer.make_batch`)."""
+    """This rank's RL batch, advantages and old log-probs included (`Trainer.make_batch`), TorchRL's LLM keys beside
+    ours (`agents.torchrl_layout`)."""
     episodes: list[Trajectory]
     """Every rank's episodes (data parallel: gathered)."""
     rewards: torch.Tensor
@@ -132,6 +136,18 @@ class Trainer(TrainingRun):
         weighting: The SFT weighting rule; None builds the one of ``config.algo``.
     """
 
+    _batches: Iterator[TensorDict] | None = None
+    _collected: tuple[list[Trajectory], TensorDict] | None = None
+
+    @property
+    def batches(self) -> Iterator[TensorDict]:
+        """The collector's TensorDict batches, one per step: one iteration over the collector for the whole run
+        (TorchRL's ``for batch in collector``); it reads the collector's state (data order, ``batch_questions``) anew
+        for every batch, so a resumed run goes on where its checkpoint stood."""
+        if self._batches is None:
+            self._batches = iter(self.collector)
+        return self._batches
+
     def train_step(self) -> dict[str, float]:
         """Collect one batch, update the model once (``update_epochs`` times for PPO); return the step's metrics."""
         return self.update(self.collect_rollouts())
@@ -150,7 +166,10 @@ class Trainer(TrainingRun):
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
         with self.full_weights():
             with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-                trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
+                self.collector.batch_questions = probe
+                collected = next(self.batches)  # data parallel: this rank's share of the step's groups
+            trajectories = self.collector.last_trajectories  # the records behind the batch
+            self._collected = (trajectories, collected)
             t_rollout = time.perf_counter() - step_start
             gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
             infos = [t.info for t in gathered]
@@ -161,6 +180,8 @@ class Trainer(TrainingRun):
             start = time.perf_counter()
             rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
             batch, batch_metrics = self.make_batch(trajectories)
+            add_torchrl_keys(batch)  # from the final old log-probs and advantages
+            self._collected = None
         self.last_step_tied = rewards_tied(gathered)
         sync()
         t_old_logp = time.perf_counter() - start
@@ -292,12 +313,19 @@ class Trainer(TrainingRun):
             adv = tree_advantages(rewards, group_id, tree_id, scale=self.config.advantage_std_scale)  # (B,)
         else:
             adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
+        batch = self.collate(trajectories)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
         if self.config.recompute_old_logp:
             metrics.update(self._old_logp(batch))
         return batch, metrics
+
+    def collate(self, trajectories: Sequence[Trajectory]) -> TensorDict:
+        """The padded batch of `trajectories`: the collector's, when they are the records of the batch it yielded this
+        step, else collated here (`agents.collate.collate_trajectories`)."""
+        if self._collected is not None and trajectories is self._collected[0]:
+            return self._collected[1]
+        return collate_trajectories(trajectories, pad_token_id=self.pad_id)
 
     def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
         """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
@@ -401,47 +429,14 @@ class Trainer(TrainingRun):
         }
 
     def check_retrieval(self, infos: Sequence[dict[str, Any]]) -> tuple[int, float]:
-        """Count the failed searches of a step's episodes; stop the run when too many failed.
-
-        Args:
-            infos: The episodes' terminal infos (``num_searches`` counts searches that returned results,
-                ``retrieval_errors`` those the retriever failed).
-
-        Returns:
-            (failed searches, their share of all searches).
-
-        Raises:
-            TrainingStopped: more than ``max_retrieval_error_rate`` of the searches failed: training on episodes
-                whose searches all said "Search failed" would teach the policy that searching is useless.
-        """
-        errors = sum(int(i.get("retrieval_errors", 0)) for i in infos)
-        searches = errors + sum(int(i.get("num_searches", 0)) for i in infos)
-        rate = errors / searches if searches else 0.0
-        if rate > self.config.max_retrieval_error_rate:
-            last = next((i["retrieval_error"] for i in reversed(infos) if i.get("retrieval_error")), "unknown")
-            raise TrainingStopped(
-                f"step {self.step + 1}: {errors} of {searches} searches failed ({rate:.0%}, over "
-                f"--max-retrieval-error-rate {self.config.max_retrieval_error_rate}); last failure: {last}. "
-                f"Check the retriever ({self.config.retriever}), then run again with --resume"
-            )
-        return errors, rate
+        """(failed searches, their share) of this step's episodes; stops the run past ``max_retrieval_error_rate``
+        (`algos.episode_checks.check_retrieval`)."""
+        return episode_checks.check_retrieval(infos, self.step + 1, self.config)
 
     def check_sampler(self, infos: Sequence[dict[str, Any]]) -> float:
-        """The share of a step's episodes in which a generation failed; stop the run when it passes
-        ``max_sampler_error_rate`` (an engine that cannot run the model would otherwise train on empty turns).
-
-        Raises:
-            TrainingStopped: too many episodes had a failed generation; names the first error.
-        """
-        failed = [i for i in infos if int(i.get("sampler_errors", 0)) > 0]
-        rate = len(failed) / len(infos) if infos else 0.0
-        if rate > self.config.max_sampler_error_rate:
-            raise TrainingStopped(
-                f"step {self.step + 1}: generation failed in {len(failed)} of {len(infos)} episodes ({rate:.0%}, over "
-                f"--max-sampler-error-rate {self.config.max_sampler_error_rate}); first failure: "
-                f"{failed[0].get('sampler_error', 'unknown')}. Check --sampler {self.config.sampler}"
-            )
-        return rate
+        """The share of this step's episodes with a failed generation; stops the run past ``max_sampler_error_rate``
+        (`algos.episode_checks.check_sampler`)."""
+        return episode_checks.check_sampler(infos, self.step + 1, self.config)
 
     def sft_step(self) -> dict[str, float]:
         """One supervised step on oracle demonstrations alone: the warm start of ``python -m algos.sft``.

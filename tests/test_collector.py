@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gymnasium as gym
 import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.collectors import BaseCollector
+from torchrl.weight_update import WeightSyncScheme
 
 import envs  # noqa: F401  (registers the ids)
 from agents.collector import RolloutCollector
@@ -61,6 +64,8 @@ def test_batches_are_tensordicts_of_groups(bm25, tokenizer):
         ]
         ids = last["input_ids"][row, 1:][last["loss_mask"][row]].tolist()
         assert tokenizer.decode(ids) == "".join(trajectory.actions)
+        # TorchRL's layout (agents.torchrl_layout): unshifted, its assistant mask picks the same tokens
+        assert last["tokens", "full"][row][last["masks", "all_assistant_mask"][row]].tolist() == ids
     collector.shutdown()
 
 
@@ -158,19 +163,56 @@ def test_torchrl_code_can_drive_it_as_a_collector(bm25, tokenizer):
         len(RolloutCollector(env_fn(bm25), OracleAgent(tokenizer), questions_per_batch=1, group_size=1))
 
 
-def test_weights_reach_a_sampler_in_every_form_torchrl_passes():
-    from agents.collector import _named_tensors
+def test_a_smaller_batch_when_the_trainer_asks_for_one(bm25, tokenizer):
+    """``batch_questions``: the batches iteration yields from then on hold that many questions (a probe batch)."""
+    collector = RolloutCollector(
+        env_fn(bm25), OracleAgent(tokenizer), questions_per_batch=2, group_size=2, indices=range(20), seed=5
+    )
+    batches = iter(collector)
+    collector.batch_questions = 1
+    probe = next(batches)
+    assert probe.batch_size == torch.Size([2]) and probe["group_id"].tolist() == [0, 0]
+    collector.batch_questions = None
+    full = next(batches)
+    assert full.batch_size == torch.Size([4]) and full["group_id"].tolist() == [2, 2, 3, 3]
+    assert collector.state_dict()["position"] == 3 and collector.batches_done == 2
+    collector.shutdown()
 
+
+class _RecordingSampler:
+    """A sampler with its own copy of the weights (as vLLM's): records what `load_weights` got."""
+
+    def __init__(self) -> None:
+        self.loads: list[dict[str, torch.Tensor]] = []
+
+    def load_weights(self, weights) -> None:
+        self.loads.append(dict(weights))
+
+
+def _bare_collector(agent) -> RolloutCollector:
+    return RolloutCollector(lambda: SimpleNamespace(close=lambda: None), agent, 1, 1, indices=range(3))
+
+
+def test_weights_reach_a_sampler_through_torchrl_weight_sync_in_every_form():
+    """`update_policy_weights_` is TorchRL's own, backed by a weight-sync scheme that calls the sampler's push."""
+    sampler = _RecordingSampler()
+    collector = _bare_collector(SimpleNamespace(sampler=sampler))
+    assert isinstance(collector._weight_sync_schemes["policy"], WeightSyncScheme)
+    assert collector.weight_updater is None  # TorchRL 0.14's single-process Collector also leaves it None
     module = torch.nn.Linear(2, 3)
     expected = {name: value for name, value in module.state_dict().items()}
-    forms = [
-        module,
-        module.state_dict(),
-        list(module.named_parameters()),
-        TensorDict({"weight": module.weight.detach(), "bias": module.bias.detach()}, []),
-    ]
-    for form in forms:
-        got = dict(_named_tensors(form))
+    collector.update_policy_weights_(module)
+    collector.update_policy_weights_(policy=module)
+    collector.update_policy_weights_(weights=module.state_dict())
+    collector.update_policy_weights_(list(module.named_parameters()))
+    collector.update_policy_weights_(TensorDict({"weight": module.weight.detach(), "bias": module.bias.detach()}, []))
+    assert len(sampler.loads) == 5
+    for got in sampler.loads:
         assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
-    nested = dict(_named_tensors(TensorDict({"layer": {"weight": module.weight.detach()}}, [])))
-    assert list(nested) == ["layer.weight"]
+    collector.update_policy_weights_()  # no weights given: nothing to send (no server copy to fetch them from)
+    assert len(sampler.loads) == 5
+    # a sampler that samples from the trainer's model itself (transformers) has nothing to receive
+    _bare_collector(SimpleNamespace(sampler=object())).update_policy_weights_(module)
+    collector.update_policy_weights_(TensorDict({"layer": {"weight": module.weight.detach()}}, []))
+    assert list(sampler.loads[-1]) == ["layer.weight"]  # nested TensorDict keys joined by "."
+    collector.shutdown()
