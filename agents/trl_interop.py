@@ -302,8 +302,9 @@ class EnvRollout:
     and ``max_completion_length`` tokens a turn, cut right after the turn's tool call (``generation_kwargs={"stop":
     ["</search>", "</answer>", "</task>"], "include_stop_str_in_output": True}`` spares vLLM the tokens after it).
     vLLM's generate is a collective call in server mode across processes and in colocate mode with tensor
-    parallelism, which episodes of unequal length cannot honour: those settings are refused. Without vLLM the
-    trainer's model samples through `HFSampler` with ``max_new_tokens`` and ``temperature``.
+    parallelism, which episodes of unequal length cannot honour: those settings are refused. With
+    ``vllm_enable_sleep_mode`` TRL's generate wakes the engine by pushing the weights again, so each turn pays a weight
+    push. Without vLLM the trainer's model samples through `HFSampler` with ``max_new_tokens`` and ``temperature``.
 
     Args:
         env_id: registered id of an env of either protocol (e.g. "RedCoda-HotpotQA-v0", "RedCoda-HotpotQA-CoDA-v0").
