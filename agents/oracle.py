@@ -42,7 +42,7 @@ from agents.search_agents import ContextAgent, _Slot
 from envs.data import BUNDLED_SPLITS, DATASETS, QAExample
 from envs.protocol import ENV_TAGS, MODEL_TAGS
 from envs.rewards import is_yes_no, normalize_answer
-from retrievers.build_index import OneLineParser, output_problem
+from retrievers.build_index import OneLineParser, atomic_file, output_problem
 
 _DOC = re.compile(r'^Doc \d+ ?\(Title: "(.*?)"\) (.*)', re.MULTILINE)
 """One passage of a results block (the text inside ``<information>``), from the start of a line to its end, in either
@@ -429,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     envs_ = [first] + [gym.make("RedCoda-HotpotQA-v0", **env_kwargs) for _ in range(min(args.batch, n) - 1)]
     agent = OracleAgent(tokenizer, seed=args.seed, quote_words=args.quote_words)
     f1s = []
-    with open(args.out, "w", encoding="utf-8") as out, tqdm(total=n, desc="oracle", unit="q") as bar:
+    bar = tqdm(total=n, desc="oracle", unit="q")
+    with atomic_file(args.out) as partial, open(partial, "w", encoding="utf-8") as out, bar:  # no partial file left
         for lo in range(0, n, args.batch):
             indices = list(range(lo, min(lo + args.batch, n)))
             for trajectory in agent.rollout(envs_[: len(indices)], indices, seed=args.seed + lo):

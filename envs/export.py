@@ -9,7 +9,8 @@ same order). Search-R1 rows are what its trainer expects: `data_source` in its r
 needs pyarrow; any other path is JSON lines (gzip for `.gz`). Row layouts: docs/data.md.
 
 Bad input (an unknown split, a missing or malformed data file, an output path that cannot be written) ends the
-command with one line, ``error: ...``, and exit status 2, before anything is written.
+command with one line, ``error: ...``, and exit status 2, before anything is written; a write that fails (a full
+disk) ends it with one line and exit status 1, leaving no partial file.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from envs.data import (
     search_r1_rows,
     write_rows,
 )
-from retrievers.build_index import OneLineParser, output_problem
+from retrievers.build_index import OneLineParser, atomic_file, output_problem
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
@@ -63,11 +64,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(err))
     rows = search_r1_rows(examples, args.split) if args.format == "search-r1" else flashrag_rows(examples)
     try:
-        path = write_rows(rows, args.out)
-    except OSError as err:  # the disk filled or went read-only while writing
+        with atomic_file(args.out) as partial:
+            write_rows(rows, partial)
+    except OSError as err:  # the disk filled or went read-only while writing: no partial file is left
         print(f"error: writing {args.out} failed ({err})", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"wrote {len(rows)} {args.format} rows to {path}")
+    print(f"wrote {len(rows)} {args.format} rows to {args.out}")
 
 
 if __name__ == "__main__":

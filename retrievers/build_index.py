@@ -19,6 +19,7 @@ Search-R1 index file (e.g. `e5_Flat.index`) needs no building: pass that file as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -72,6 +73,26 @@ def output_problem(flag: str, path: str | os.PathLike, *, directory: bool = Fals
     if not directory and path.exists() and not os.access(path, os.W_OK):
         return f"{flag} {path}: the file is not writable"
     return None
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path`, ending in its name (so its suffix still says the format), that replaces `path`
+    when the block ends and is removed when the block raises: a failed write leaves no partial file behind.
+
+    A `path` that is a link, or exists and is not a regular file (a device, a pipe), is yielded as it is, to be
+    written directly.
+    """
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        yield path
+        return
+    tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def contents_of(title: str, text: str) -> str:

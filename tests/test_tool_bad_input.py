@@ -179,3 +179,38 @@ def test_the_server_names_an_index_file_faiss_cannot_read(tmp):
     assert len(errors) == 1 and errors[0].startswith(f"error: --index {tmp / 'junk.index'}: not a FAISS index ("), (
         errors
     )
+
+
+# --- writes that fail part-way -------------------------------------------------------------------------------------
+def test_an_export_whose_disk_fills_ends_in_one_line_and_keeps_the_old_file(tmp, monkeypatch, capsys):
+    import errno
+
+    from envs import export
+
+    def fills_up(rows, path):
+        Path(path).write_text('{"question": "half a ro')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp / "rows.jsonl"
+    out.write_text("the old rows\n")
+    monkeypatch.setattr(export, "write_rows", fills_up)
+    with pytest.raises(SystemExit) as stopped:
+        export.main(["--split", "dev", "--out", str(out)])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err == f"error: writing {out} failed ([Errno 28] No space left on device)\n", err
+    assert out.read_text() == "the old rows\n" and not list(tmp.glob(".partial-*"))
+
+
+def test_an_atomic_file_appears_whole_or_not_at_all(tmp):
+    from retrievers.build_index import atomic_file
+
+    out = tmp / "demos.jsonl.gz"
+    with pytest.raises(RuntimeError), atomic_file(out) as partial:
+        assert partial.parent == tmp and partial.name.endswith(".jsonl.gz")
+        partial.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert not out.exists() and not list(tmp.glob(".partial-*"))
+    with atomic_file(out) as partial:
+        partial.write_text("whole")
+    assert out.read_text() == "whole" and not list(tmp.glob(".partial-*"))
