@@ -160,7 +160,7 @@ class ArCHerTrainer(Trainer):
 
     One step, on the shared loop of `algos.trainer.Trainer` (this file changes only the advantages):
 
-        1. trajectories = collector.collect()            # B episodes, each a sequence of turns
+        1. trajectories = the next collector batch's records  # B episodes, each a sequence of turns
         2. encode every turn with a frozen encoder (the initial policy's decoder), one causal pass per context:
              phi(s_k)      = [mean hidden of the context before turn k ; hidden of its last token]      (2H,)
              phi(s_k, a_k) = the same over the context through turn k's last sampled token           (2H,)

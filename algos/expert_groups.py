@@ -77,7 +77,7 @@ class ExpertTrainer(Trainer):
 
     One step, on the shared loop of `algos.trainer.Trainer`:
 
-        1. trajectories = collector.collect()                  # G sampled episodes for each of B questions
+        1. trajectories = the next collector batch's records  # G sampled episodes for each of B questions
            [--grounded-expansion: trajectories = expand(trajectories), below]
         2. experts = oracle.rollout(same envs, same questions)  # expert_members per question, the env's reward;
                                                                 # failed ones (F1 0, ungrounded, too long) skipped

@@ -17,9 +17,10 @@ planner's long reasoning, and how many contexts an episode was split into does n
 tokens count. Every function takes ``num_tokens`` so a trainer that splits a batch into micro-batches
 (gradient accumulation) can divide by the token count of the whole batch and get the same gradient.
 
-TorchRL's ``GRPOLoss`` computes the same clipped objective but needs its own actor wrapper, reward
-shaped ``(B, 1, 1)`` and ``masking_strategy="rlhf"`` for multi-turn contexts; these functions work on
-the plain tensors our collector already has.
+TorchRL's ``GRPOLoss`` computes the same clipped objective over the TorchRL keys every batch also carries
+(`agents.torchrl_layout`), with its own actor wrapper and ``masking_strategy="rlhf"``; ``tests/test_torchrl_loss.py``
+checks it against `loss_pg`, and docs/method.md ("TorchRL") says where the two differ. These functions work on
+the plain tensors, so that the SFT, expert and value terms sit beside the policy term.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One step (the loop is `algos.trainer.Trainer`'s; this file only changes the advantages and the loss):
 
-    trajectories = collector.collect()                             # B episodes (questions x group_size)
+    trajectories = next(iter(collector)) records                   # B episodes (questions x group_size)
     batch = collate_trajectories(trajectories)                     # (N, T) contexts, (N, T-1) token tensors
     old_values = V(states)  [ref_logp = ref(tokens)]               # (N, T-1), no grad, before the update
     r_t = -kl_coef * kl(old_logp, ref_logp)_t  (+ episode reward on the episode's last sampled token)
