@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import os
 import sys
 import types
@@ -71,7 +72,7 @@ def parse_config(
         if {"-h", "--help"} & set(args):
             print(grouped_help(config_cls, base, description), end="")
             raise SystemExit(0)
-        config = tyro.cli(config_cls, default=base, args=args, description=description)
+        config = _tyro_cli(tyro, config_cls, base, args, description)
     finally:
         VALIDATE_ON_INIT.reset(token)
     try:
@@ -80,6 +81,44 @@ def parse_config(
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     return config
+
+
+def _tyro_cli(
+    tyro: types.ModuleType, config_cls: type[Config], base: Config, args: list[str], description: str
+) -> Config:
+    """`tyro.cli`, with its usage errors (an unknown flag, a value of the wrong type, a missing value) printed as the
+    project's one line, ``error: ...``, instead of tyro's framed box with the flag's help; exit status 2 as before."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            config = tyro.cli(config_cls, default=base, args=args, description=description)
+    except SystemExit as stop:
+        if not stop.code:
+            sys.stderr.write(captured.getvalue())
+            raise
+        print(f"error: {_box_message(captured.getvalue())}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.stderr.write(captured.getvalue())  # anything else tyro said (a warning) is the user's to see
+    return config
+
+
+def _box_message(text: str) -> str:
+    """The message of tyro's framed error as one line: its title line and its help sections dropped.
+
+    The frame is Unicode on a terminal and ASCII otherwise (the title then on a line of its own), so lines are
+    read after stripping the frame's characters: a line of rules ends a section, and the first section after the
+    title is the message.
+    """
+    rules = set("─━-=+ ")
+    lines = [line.strip().strip("│|╭╮╰╯+").strip(" ─-") for line in text.strip().splitlines()]
+    sections: list[list[str]] = [[]]
+    for raw, line in zip(text.strip().splitlines()[1:], lines[1:], strict=True):  # the first line is the title
+        if set(raw.strip().strip("│|╭╮╰╯")) <= rules:
+            sections.append([])
+        elif line:
+            sections[-1].append(line)
+    message = next((" ".join(section) for section in sections if section), "")
+    return message or "could not parse the command line (see --help)"
 
 
 def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Config) -> dict[str, object]:

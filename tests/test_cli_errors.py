@@ -73,6 +73,10 @@ def test_no_float_setting_may_be_infinite_or_nan(flag, count, value, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--steps", "abc"], "error: Error parsing --steps: invalid literal for int() with base 10: 'abc'"),
+        (["--protocol", "nope"], "error: invalid choice 'nope' for argument '--protocol'"),
+        (["--lr"], "error: Missing value for argument '--lr'"),
+        (["--bogus"], "error: Unrecognized options: --bogus"),
         (["--adam-betas", "1.5", "0.9"], "error: --adam-betas must be two numbers in [0, 1), got (1.5, 0.9)"),
         (["--adam-betas", "0.9", "-0.1"], "error: --adam-betas must be two numbers in [0, 1)"),
         (["--weight-decay", "inf"], "error: --weight-decay must be a finite number, got inf"),
