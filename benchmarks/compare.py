@@ -132,6 +132,37 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, systems: list[System]) -> None:
+    """Refuse, in one line before anything trains, numbers out of range, a start model that holds no model, and
+    trainer settings (``--train-arg``, a system's own) that its trainer would refuse."""
+    from algos.cli import parse_config
+
+    for flag, value, low in (
+        ("--seeds", args.seeds, 1),
+        ("--steps", args.steps, 1),
+        ("--eval-limit", args.eval_limit, 1),
+        ("--threads", args.threads, 1),
+        ("--warm-start-steps", args.warm_start_steps, 0),
+    ):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
+    budget = BUDGETS[args.budget]
+    common = ["--preset", budget.preset, "--protocol", args.protocol, *budget.train_args, *args.train_arg]
+    if args.init_model:
+        common += ["--model", args.init_model]
+    for system in systems:  # each trainer's own parser: its one line, exit 2, for a setting it refuses
+        config_cls = None
+        if system.algo == "grpo_expert":
+            from algos.expert_groups import ExpertConfig
+
+            config_cls = ExpertConfig
+        extra = {"config_cls": config_cls} if config_cls is not None else {}
+        algo = "sft" if system.algo == "sft" else system.algo
+        parse_config([*common, *system.flags], algo=algo, **extra)
+
+
 @dataclasses.dataclass
 class _Results:
     """What the runs left for the report, filled system by system."""
@@ -253,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         systems = [parse_system(spec) for spec in args.algos]
     except ValueError as error:
         parser.error(str(error))
+    _check_args(parser, args, systems)
     if args.threads:
         import torch
 

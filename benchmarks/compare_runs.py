@@ -290,6 +290,8 @@ def _train_warm_start(claim: IO[str], warm: Path, budget: Budget, args: argparse
         args.protocol,
         "--run-dir",
         str(warm),
+        "--eval-questions",  # scored once, as the comparison's baseline row, not by its own trainer too
+        "0",
         *budget.train_args,
         *(["--torch-threads", str(args.threads)] if args.threads else []),
     ]

@@ -171,6 +171,7 @@ def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, mon
     warm = out / "runs" / "warm-start"
     assert len((warm / "metrics.jsonl").read_text().splitlines()) == 1  # the SFT warm start's one step
     assert (warm / "final" / "config.json").exists() and not (warm / "checkpoints").exists()
+    assert not (warm / "eval.json").exists()  # scored once, as the baseline row
     variant = _trained_config(out / "runs" / "grpo_sft-sft_coef0.4-seed0")
     assert variant.algo == "grpo_sft" and variant.sft_coef == 0.4
     assert _trained_config(out / "runs" / "red_grpo-seed0").sft_coef != 0.4
@@ -349,3 +350,32 @@ def test_the_sft_arm_continues_the_warm_start_and_is_paired(tmp_path, monkeypatc
     assert [row["algorithm"] for row in report["rows"]] == systems
     assert {t["other"] for t in report["paired"]} == {"sft:lr=5e-5"}
     assert "| red_grpo - sft:lr=5e-5 | f1 |" in (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--eval-limit", "0"], "--eval-limit must be >= 1, got 0"),
+        (["--steps", "-1"], "--steps must be >= 1, got -1"),
+        (["--warm-start-steps", "-1"], "--warm-start-steps must be >= 0, got -1"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--max-error-rate", "2"], "--max-error-rate is a share in [0, 1], got 2.0"),
+        (["--algos", "nope"], "unknown algorithm 'nope'"),
+        (["--algos", "grpo_sft:sft_coef=abc"], "Error parsing --sft-coef: could not convert string to float: 'abc'"),
+        (["--algos", "grpo_expert:expert_shaping=-1"], "--expert-shaping must be > 0, got -1.0"),
+        (["--train-arg=--bogus"], "Unrecognized options: --bogus"),
+        (["--init-model", "{empty}"], "holds no config.json: not a model directory"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line_before_anything_trains(argv, message, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = [arg.format(empty=tmp_path / "empty") for arg in argv]
+    with pytest.raises(SystemExit) as stop:
+        main(["--budget", "tiny", "--out", str(tmp_path / "out"), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and sum("error: " in line for line in lines) == 1, err
+    assert message in lines[-1], err
+    assert not (tmp_path / "out" / "runs").exists() or not any((tmp_path / "out" / "runs").iterdir())
