@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -75,11 +76,24 @@ def check_names(config: Any) -> None:
         path = getattr(config, flag)
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"--{flag.replace('_', '-')} {path!r}: no such file")
+    _check_run_dir(config.output_dir)
     if config.device is not None:
         try:  # a name only: a GPU's settings may be planned on a CPU machine (the memory estimate)
             torch.device(config.device)
         except RuntimeError:
             raise ValueError(f"--device {config.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Raise ValueError for a run directory that cannot be one: a file, under a file, or where nothing is writable."""
+    for place in (run_dir, *run_dir.parents):
+        if place.exists():
+            if not place.is_dir():
+                what = "is a file" if place == run_dir else f"is under {place}, a file"
+                raise ValueError(f"--run-dir {str(run_dir)!r} {what}: give a directory")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise ValueError(f"--run-dir {str(run_dir)!r}: {place} is not writable")
+            return
 
 
 def check_model(config: Any) -> None:

@@ -356,3 +356,13 @@ def test_a_question_longer_than_the_context_is_refused_naming_the_file_and_its_p
     assert exit_info.value.code == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"error: {data}: question 3 ({rows[2]['_id']}) is 5001 words, more than a context "), line
+
+
+def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line_naming_it(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert _refused(["--run-dir", str(blocker)], capsys) == f"error: --run-dir '{blocker}' is a file: give a directory"
+    under = blocker / "run"
+    assert _refused(["--run-dir", str(under)], capsys) == (
+        f"error: --run-dir '{under}' is under {blocker}, a file: give a directory"
+    )
