@@ -51,7 +51,7 @@ def test_greedy_coda_predictions_do_not_depend_on_how_kept_rows_are_copied(tiny,
 def test_a_run_without_the_validation_choice_has_no_validation_parts(tmp_path):
     """A run that ended on its last step has no validation.json: the tail replays the starting and final models
     only; a run with one replays each recorded candidate on the recorded questions, newest first."""
-    from benchmarks.tail import tail_parts
+    from benchmarks.investigations.tail import tail_parts
 
     assert tail_parts(tmp_path, None, None) == ([], [])
     recorded = {

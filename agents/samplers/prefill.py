@@ -23,7 +23,7 @@ __all__ = ["PREFILL_SPLIT_ROWS", "PREFILL_SPLIT_TOKENS", "fill_past", "new_cache
 PREFILL_SPLIT_TOKENS = 32
 """The padded prefill tokens that one more forward pass of a batch's prefill must save. A forward pass costs 27-40
 ms beyond its tokens (the weights are read once more), what 17-26 prefill tokens cost on a 2-core CPU, and a pass
-of one row of 128+ tokens runs within 10-20% of a batch's tokens/s (`benchmarks.prefill_pass`)."""
+of one row of 128+ tokens runs within 10-20% of a batch's tokens/s (`benchmarks.investigations.prefill_pass`)."""
 
 PREFILL_SPLIT_ROWS = 8
 """Fewest rows of a batch whose prefill may be split into groups. A GRPO group's calls (4 rollouts of a question)

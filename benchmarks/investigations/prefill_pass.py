@@ -1,6 +1,6 @@
 """What one more prefill pass costs on this machine: the price per group behind `PREFILL_SPLIT_TOKENS`.
 
-    python -m benchmarks.prefill_pass [--threads 2] [--repeats 3]
+    python -m benchmarks.investigations.prefill_pass [--threads 2] [--repeats 3]
 
 A prefill pass of the real SmolLM2-135M (no past, no padding, only the last position's logits, as the sampler
 prefills) is timed for one row of 64 to 540 tokens and for batches of 270-token rows. Printed side by side: the

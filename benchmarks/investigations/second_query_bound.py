@@ -1,7 +1,8 @@
 """How far a perfect second query can go: the share of first-miss questions that one more search can answer.
 
-    python -m benchmarks.second_query_bound --split dev --first 0 --limit 100             # the main job's report
-    python -m benchmarks.second_query_bound --split dev --first 0 --limit 100 --top-k 5 --passage-words 80
+    python -m benchmarks.investigations.second_query_bound --split dev --first 0 --limit 100   # the main job's report
+    python -m benchmarks.investigations.second_query_bound --split dev --first 0 --limit 100 \
+        --top-k 5 --passage-words 80
 
 A trained agent's first query is the question itself (`benchmarks.first_search`). For each question that is not
 yes/no this replays that search in the env and, where it does not show a gold answer (a *first-miss* question),

@@ -1,7 +1,7 @@
 """Mean recall@5 of a model's rewritten queries on the query-rewrite env, against the question as the query.
 
-    python -m benchmarks.query_rewrite_eval [--model DIR_OR_ID] [--split dev] [--limit 50] [--action-format tag|raw] \
-        [--out RESULT.json] [--compare EARLIER_RESULT.json]
+    python -m benchmarks.investigations.query_rewrite_eval [--model DIR_OR_ID] [--split dev] [--limit 50] \
+        [--action-format tag|raw] [--out RESULT.json] [--compare EARLIER_RESULT.json]
 
 For each of the first ``--limit`` questions of the split, the model writes one action greedily (the same
 context agent and ``</query>`` stop as `algos.ppo`'s training rollouts) in RedCoda-QueryRewrite-v0; the

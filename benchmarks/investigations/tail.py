@@ -9,9 +9,9 @@ working tree, alternating which goes first, and prints per part the seconds of e
 per-question predictions are identical (every field but timing). The CPU may be shared: the load average is
 printed, and only ratios from one run are comparable.
 
-    python -m benchmarks.tail --run runs/main-seed0                       # the whole tail, baseline HEAD
-    python -m benchmarks.tail --run runs/main-seed0 --validation 5 --dev 5   # a quick check on fewer questions
-    python -m benchmarks.tail --run runs/main-last-seed1 --batch 50 100       # and a new evaluation batch
+    python -m benchmarks.investigations.tail --run runs/main-seed0                      # the whole tail, baseline HEAD
+    python -m benchmarks.investigations.tail --run runs/main-seed0 --validation 5 --dev 5  # fewer questions: quick
+    python -m benchmarks.investigations.tail --run runs/main-last-seed1 --batch 50 100     # a new evaluation batch
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("agents", "algos", "envs", "retrievers")
 """The packages a part runs; the baseline's come from the git revision, everything else is shared."""
 
