@@ -334,5 +334,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report
 
 
+def cli() -> None:
+    """The `redcoda-compare` console script: `main` with the process's arguments, its summary not returned (a console
+    script exits with what its function returns)."""
+    main()
+
+
 if __name__ == "__main__":
     main()

@@ -360,5 +360,11 @@ def _evaluate(args: argparse.Namespace, target: _Target) -> dict[str, Any]:
     )
 
 
+def cli() -> None:
+    """The `redcoda-evaluate` console script: `main` with the process's arguments, its summary not returned (a console
+    script exits with what its function returns)."""
+    main()
+
+
 if __name__ == "__main__":
     main()
