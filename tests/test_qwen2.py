@@ -161,13 +161,12 @@ def test_other_llama_like_layers_sample_what_the_dynamic_cache_samples(qwen2, ar
     _same_samples(model, tokenizer, narrow_rows)
 
 
-def test_every_decode_path_of_a_qwen2_is_within_rounding_of_a_float64_reference(qwen2, tmp_path):
-    """`benchmarks.decode_parity` on the tiny Qwen2's weights (non-zero biases; `--config` would build zero ones)."""
-    from benchmarks.decode_parity import main
+def test_every_decode_path_of_a_qwen2_is_within_rounding_of_a_float64_reference(qwen2):
+    """`decode_parity.logit_errors` on the tiny Qwen2's weights (non-zero biases)."""
+    from decode_parity import logit_errors
 
-    model, tokenizer = qwen2
-    model.save_pretrained(tmp_path)
-    errors = main(["--model", str(tmp_path), "--rows", "3", "--steps", "4", "--prompt-tokens", "40"])
+    model, _ = qwen2
+    errors = logit_errors(model, rows=3, steps=4, prompt_tokens=40)
     assert {"dynamic", "static", "static, sdpa math"} <= set(errors)
     assert max(errors.values()) < 1e-4
 

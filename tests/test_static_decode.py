@@ -300,12 +300,11 @@ def test_the_step_weights_follow_in_place_updates(prompts, autocast, architectur
     )
 
 
-def test_every_decode_path_is_within_rounding_of_a_float64_reference(tiny, tmp_path):
-    """`benchmarks.decode_parity`: the same tokens fed to every path, each step's logits near float64's."""
-    from benchmarks.decode_parity import main
+def test_every_decode_path_is_within_rounding_of_a_float64_reference(tiny):
+    """`decode_parity.logit_errors`: the same tokens fed to every path, each step's logits near float64's."""
+    from decode_parity import logit_errors
 
     model, _ = tiny
-    model.config.save_pretrained(tmp_path)
-    errors = main(["--config", str(tmp_path), "--rows", "3", "--steps", "4", "--prompt-tokens", "40"])
+    errors = logit_errors(model, rows=3, steps=4, prompt_tokens=40)
     assert {"dynamic", "dynamic, reserved room", "static", "static, sdpa math"} <= set(errors)
     assert max(errors.values()) < 1e-4

@@ -38,10 +38,10 @@ from transformers.cache_utils import DynamicLayer
 
 from agents.models import cache_argument
 from agents.records import Completion, SamplingParams
-from agents.samplers import TokenizerContext, cut_at_stop, overflow, prefill
+from agents.samplers import prefill
+from agents.samplers.base import TokenizerContext, cut_at_stop, overflow
 from agents.samplers.decode_steps import CacheSteps, StaticSteps
 from agents.samplers.kv_cache import (
-    AppendLayer,
     KeptSequence,
     PrefixStore,
     common_length,
@@ -51,8 +51,6 @@ from agents.samplers.kv_cache import (
 )
 from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups
 from agents.samplers.static_decode import StaticDecoder, supports
-
-_AppendLayer = AppendLayer  # the name `benchmarks.decode_parity` imports
 
 logger = logging.getLogger(__name__)
 
