@@ -1,6 +1,6 @@
 """The transformers sampler against transformers' own `model.generate` on a GPU, side by side in one run.
 
-    python -m benchmarks.sampler_gpu --config .gpu/smollm2-config       # SmolLM2-135M architecture, random weights
+    python -m benchmarks.sampler_gpu --config CONFIG_DIR            # a model config folder: random weights
     python -m benchmarks.sampler_gpu --model HuggingFaceTB/SmolLM2-135M-Instruct
     python -m benchmarks.sampler_gpu --model <folder> --bf16       # as the gpu preset samples
 
