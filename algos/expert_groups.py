@@ -28,7 +28,8 @@ from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_
 from algos.off_policy import shaped_expert_loss
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
-from algos.trainer import Rollouts, Trainer, rewards_tied
+from algos.step_metrics import Rollouts, rewards_tied
+from algos.trainer import Trainer
 
 __all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer"]
 

@@ -11,12 +11,11 @@ The three algorithms differ only in the SFT weighting rule (`algos.weighting`: N
     rule.observe_sft_entropy(h_sft)                             # measured in the SFT forward pass
     collector.update_policy_weights_(policy)                    # a sampler with its own weights (vLLM) gets them
 
-`Trainer` says the details a reader may need and how other learners (PPO, ArCHer) reuse this step. Everything
-around the step (setup, resume, checkpoints, metrics.jsonl, wandb, the final model, the held-out evaluation, the
-summary, the command line) is `algos.run`. Under ``torchrun`` each rank runs this step on its share of the batch
-(`algos.distributed`); the few lines that make it equal one process's step say "data parallel", and those that
-let a sharded policy (``--fsdp``) run it say "--fsdp". The RL batch carries TorchRL's LLM keys beside ours
-(`agents.torchrl_layout`), so ``torchrl.objectives.llm.GRPOLoss`` can read it (docs/method.md, "TorchRL").
+`Trainer` says the details a reader may need and how other learners (PPO, ArCHer) reuse this step; the metrics row
+is `algos.step_metrics`, the forward passes `algos.scoring`. Everything around the step (setup, resume, checkpoints,
+metrics.jsonl, wandb, the final model, the evaluation, the command line) is `algos.run`. Under ``torchrun`` each rank
+runs this step on its share of the batch (`algos.distributed`): the lines that make it one process's step say "data
+parallel", those for a sharded policy "--fsdp". The batch carries TorchRL's LLM keys (docs/method.md, "TorchRL").
 """
 
 from __future__ import annotations
@@ -25,79 +24,30 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import Trajectory
 from agents.torchrl_layout import add_torchrl_keys
-from algos import distributed, episode_checks
-from algos.batch import (
-    answer_accuracy,
-    masked_token_logprobs,
-    micro_batches,
-    token_logprobs,
-    token_logprobs_and_entropy,
-    trim_rows,
-)
+from algos import distributed, episode_checks, scoring
+from algos.batch import answer_accuracy, micro_batches, trim_rows
 from algos.losses import (
     entropy_estimate,
     group_advantages,
     kl_penalty,
     policy_loss,
-    sampler_mismatch,
     sft_loss,
-    tis_weights,
     total_loss,
     tree_advantages,
 )
-from algos.run import TrainingRun, TrainingStopped, lr_factor, make_weighting, sync
+from algos.run import TrainingRun, sync
 from algos.sft_data import sample_indices
-from algos.threads import cpu_threads
-from envs.metrics import episode_metrics
+from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
 
-__all__ = ["Rollouts", "Trainer", "TrainingStopped", "cpu_threads", "lr_factor", "make_weighting", "rewards_tied"]
-
-_LOGGED_AS = {
-    "f1": "answer_f1/mean",
-    "em": "answer_em/mean",
-    "format": "format_scores/mean",
-    "refine": "refine_scores/mean",
-}
-"""Names of the episode metrics logged under the seed's names; the others are logged as ``env/<name>``."""
-
-
-@dataclass(frozen=True)
-class Rollouts:
-    """One step's episodes and RL batch, measured and ready for the update (`Trainer.collect_rollouts`)."""
-
-    batch: TensorDict
-    """This rank's RL batch, advantages and old log-probs included (`Trainer.make_batch`), TorchRL's LLM keys beside
-    ours (`agents.torchrl_layout`)."""
-    episodes: list[Trajectory]
-    """Every rank's episodes (data parallel: gathered)."""
-    rewards: torch.Tensor
-    """``(B,)``: every rank's episode rewards."""
-    batch_metrics: dict[str, float]
-    """What `Trainer.make_batch` measured, as the mean over the ranks."""
-    rl_entropy: float
-    """Token-mean entropy estimate of the sampled tokens, over the global batch."""
-    accuracy: float
-    """RED's batch accuracy: the share of every rank's episodes whose answer has F1 > 0 (`answer_accuracy`)."""
-    retrieval_error_rate: float
-    """Share of the step's searches that failed."""
-    sampler_error_rate: float
-    """Share of the step's episodes with a failed generation."""
-    started: float
-    """`time.perf_counter` when the step began."""
-    t_rollout: float
-    """Seconds of the rollouts (sampling, env and retrieval)."""
-    t_old_logp: float
-    """Seconds from the rollouts' end through `Trainer.make_batch`."""
+__all__ = ["Trainer"]
 
 
 class Trainer(TrainingRun):
@@ -173,8 +123,9 @@ class Trainer(TrainingRun):
             t_rollout = time.perf_counter() - step_start
             gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
             infos = [t.info for t in gathered]
-            _, retrieval_error_rate = self.check_retrieval(infos)  # stops the run before the update
-            sampler_error_rate = self.check_sampler(infos)  # likewise
+            # a step whose searches or generations failed past their allowed share stops the run before the update
+            _, retrieval_error_rate = episode_checks.check_retrieval(infos, self.step + 1, cfg)
+            sampler_error_rate = episode_checks.check_sampler(infos, self.step + 1, cfg)
 
             # advantages and old log-probs, before the update
             start = time.perf_counter()
@@ -235,7 +186,7 @@ class Trainer(TrainingRun):
         timings = {"time/forward_backward": t_fwd_bwd, "time/optimizer": t_optimizer}
         if pushed is not None:
             timings["time/weight_push"] = pushed
-        return self._step_metrics(rollouts, metrics, float(grad_norm), timings)
+        return step_metrics(self, rollouts, metrics, float(grad_norm), timings)
 
     def accumulate_gradients(
         self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_coef: float = 0.0
@@ -255,50 +206,6 @@ class Trainer(TrainingRun):
         metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
         if sft_batch is not None:
             metrics.update(self._sft_backward(sft_batch, sft_coef))  # + w * sft_coef * loss_sft
-        return metrics
-
-    def _step_metrics(
-        self, rollouts: Rollouts, metrics: dict[str, float], grad_norm: float, timings: dict[str, float]
-    ) -> dict[str, float]:
-        """The metrics row of a step: the update's `metrics`, the episodes', the batch's and the timings."""
-        batch, rewards = rollouts.batch, rollouts.rewards
-        episodes = [episode_metrics(t.info) for t in rollouts.episodes]  # what the env reports: answered, em, f1...
-        names = dict.fromkeys(name for episode in episodes for name in episode)
-        sampled = int(distributed.all_sum(float(batch["loss_mask"].sum()))[0])  # data parallel: every rank's
-        trained = metrics.pop("tokens/trained_rl") + metrics.pop("tokens/trained_sft", 0)
-        t_fwd_bwd = timings["time/forward_backward"]
-        metrics.update(
-            {
-                "step": self.step,
-                "total_loss": sum(v for k, v in metrics.items() if k.startswith("loss_")),
-                "critic/rewards/mean": float(rewards.mean()),
-                "critic/rewards/max": float(rewards.max()),
-                "critic/rewards/min": float(rewards.min()),
-                **rollouts.batch_metrics,
-                **{_LOGGED_AS.get(k, f"env/{k}"): _mean([e[k] for e in episodes if k in e]) for k in names},
-                "env/retrieval_error_rate": rollouts.retrieval_error_rate,
-                "train/sampler_error_rate": rollouts.sampler_error_rate,
-                "train/batch_accuracy": rollouts.accuracy,
-                "train/questions": len({t.group_id for t in rollouts.episodes}),
-                "train/episodes": len(rollouts.episodes),
-                "train/rl_entropy": rollouts.rl_entropy,
-                "train/grad_norm": grad_norm,
-                "train/lr": self.optimizer.param_groups[0]["lr"],
-                **self.weighting.metrics(),
-                "time/step": time.perf_counter() - rollouts.started,
-                "time/rollout": rollouts.t_rollout,
-                "time/generation": self.sampler.seconds,
-                "time/env_and_retrieval": rollouts.t_rollout - self.sampler.seconds,
-                "time/old_logp": rollouts.t_old_logp,
-                "time/forward_backward": t_fwd_bwd,
-                **{k: v for k, v in timings.items() if k != "time/forward_backward"},
-                "tokens/sampled": sampled,
-                "tokens/trained": trained,
-                "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
-                "tokens/s_generation": self.sampler.tokens / self.sampler.seconds if self.sampler.seconds else 0.0,
-                **peak_memory(self.device),
-            }
-        )
         return metrics
 
     def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
@@ -428,16 +335,6 @@ class Trainer(TrainingRun):
             "tokens/trained_sft": int(trained_tokens),
         }
 
-    def check_retrieval(self, infos: Sequence[dict[str, Any]]) -> tuple[int, float]:
-        """(failed searches, their share) of this step's episodes; stops the run past ``max_retrieval_error_rate``
-        (`algos.episode_checks.check_retrieval`)."""
-        return episode_checks.check_retrieval(infos, self.step + 1, self.config)
-
-    def check_sampler(self, infos: Sequence[dict[str, Any]]) -> float:
-        """The share of this step's episodes with a failed generation; stops the run past ``max_sampler_error_rate``
-        (`algos.episode_checks.check_sampler`)."""
-        return episode_checks.check_sampler(infos, self.step + 1, self.config)
-
     def sft_step(self) -> dict[str, float]:
         """One supervised step on oracle demonstrations alone: the warm start of ``python -m algos.sft``.
 
@@ -456,23 +353,7 @@ class Trainer(TrainingRun):
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.eval()
         self.step += 1
-        trained = metrics.pop("tokens/trained_sft")
-        metrics.update(
-            {
-                "step": self.step,
-                "total_loss": metrics["loss_sft"],
-                "sft/weight": 1.0,
-                "critic/rewards/mean": float("nan"),
-                "answer_f1/mean": float("nan"),
-                "train/grad_norm": float(grad_norm),
-                "train/lr": self.optimizer.param_groups[0]["lr"],
-                "time/step": time.perf_counter() - start,
-                "time/forward_backward": t_fwd_bwd,
-                "tokens/trained": trained,
-                "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
-            }
-        )
-        return metrics
+        return sft_step_metrics(self, metrics, float(grad_norm), start, t_fwd_bwd)
 
     # --- forward passes ------------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -485,44 +366,21 @@ class Trainer(TrainingRun):
     def _logprobs(
         self, model: torch.nn.Module, part: TensorDict, *, with_entropy: bool = False, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions, ``(n, L-1)`` each."""
-        ids, attn, mask = part["input_ids"], part["attention_mask"], part["loss_mask"]
-        if self.masked_head:  # --fsdp: the decoder and the LM head, called apart, run inside the root's forward hooks
-            return distributed.as_forward(
-                model,
-                masked_token_logprobs,
-                model,
-                ids,
-                attn,
-                mask,
-                temperature=temperature,
-                with_entropy=with_entropy,
-                context_grad=self.config.context_grad,
-            )
-        if with_entropy:
-            return token_logprobs_and_entropy(model, ids, attn, micro_batch_size=len(ids), temperature=temperature)
-        return token_logprobs(model, ids, attn, micro_batch_size=len(ids), temperature=temperature), None
+        """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions (`scoring.logprobs`)."""
+        flags = {"masked_head": self.masked_head, "context_grad": self.config.context_grad}
+        return scoring.logprobs(model, part, with_entropy=with_entropy, temperature=temperature, **flags)
 
     def _old_logp(self, batch: TensorDict) -> dict[str, float]:
-        """Replace the sampler's log-probs by the training model's (no grad), micro-batched; return how far apart the
-        two are (`sampler_mismatch`) and, with ``tis_cap``, set each token's truncated importance weight."""
-        sampler_logp = batch["old_logp"]  # (N, T-1): the sampler's
-        old_logp = torch.zeros_like(sampler_logp)  # (N, T-1)
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        with torch.no_grad(), self.autocast():
-            for rows in micro_batches(lengths, self.config.micro_batch_tokens):
-                part = self._rows(batch, rows)
-                logp, _ = self._logprobs(self.policy, part, temperature=self.config.temperature)  # (n, L-1)
-                old_logp[torch.tensor(rows), : logp.shape[1]] = logp.float().cpu()
-        mask = batch["loss_mask"]
-        batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
-        found = sampler_mismatch(batch["old_logp"], sampler_logp, mask)
-        if self.config.tis_cap is not None:
-            batch["is_weight"] = tis_weights(batch["old_logp"], sampler_logp, mask, self.config.tis_cap)  # (N, T-1)
-            capped = (batch["is_weight"] >= self.config.tis_cap) & mask
-            found["mismatch/tis_weight_mean"] = float(batch["is_weight"][mask].mean()) if mask.any() else 1.0
-            found["mismatch/tis_capped_fraction"] = float(capped.sum() / mask.sum().clamp(min=1))
-        return found
+        """The training model's old log-probs in place of the sampler's (`scoring.recompute_old_logp`)."""
+        cfg = self.config
+        return scoring.recompute_old_logp(
+            batch,
+            lambda part: self._logprobs(self.policy, part, temperature=cfg.temperature)[0],
+            self._rows,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            tis_cap=cfg.tis_cap,
+            autocast=self.autocast,
+        )
 
     # --- seams for other learners (algos.ppo, algos.archer); the GRPO family has no modules of its own ------
     def init_learner(self) -> None:
@@ -540,25 +398,3 @@ class Trainer(TrainingRun):
         """Restore what `learner_state_dict` returned."""
         if tensors or state:
             raise ValueError(f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.algo} lacks")
-
-
-def peak_memory(device: torch.device) -> dict[str, float]:
-    """``memory/peak_gib``: the most GPU memory torch held since the last call (which starts the next window); {} on a
-    CPU."""
-    if device.type != "cuda":
-        return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
-    torch.cuda.reset_peak_memory_stats(device)
-    return {"memory/peak_gib": peak}
-
-
-def rewards_tied(trajectories: Sequence[Trajectory]) -> bool:
-    """Whether every GRPO group's episodes scored the same reward (so every group advantage is 0)."""
-    groups: dict[int, set[float]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group_id, set()).add(float(t.reward))
-    return all(len(rewards) == 1 for rewards in groups.values())
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else 0.0

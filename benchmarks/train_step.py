@@ -39,11 +39,12 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+import algos.scoring
 import algos.trainer
-from algos.batch import trim_rows
+from algos.batch import micro_batches, trim_rows
 from algos.cli import parse_config
 from algos.config import Config
-from algos.trainer import Trainer, micro_batches
+from algos.trainer import Trainer
 from benchmarks.roofline import matmul_peak, train_flops
 
 ENV_SHARE_TARGET = 0.05
@@ -73,11 +74,12 @@ def padding_of(batches: Sequence[Sequence[int]], max_tokens: int, max_padding: f
 def earlier_grouping() -> Iterator[None]:
     """Run the trainer with the earlier grouping (longest first, by the token budget alone) inside the block."""
     current = algos.trainer.micro_batches
-    algos.trainer.micro_batches = functools.partial(current, max_padding=1.0)
+    earlier = functools.partial(current, max_padding=1.0)
+    algos.trainer.micro_batches = algos.scoring.micro_batches = earlier  # the update's and the old log-probs' passes
     try:
         yield
     finally:
-        algos.trainer.micro_batches = current
+        algos.trainer.micro_batches = algos.scoring.micro_batches = current
 
 
 def useful_flops(trainer: Trainer, batch: TensorDict, sft: TensorDict | None) -> float:

@@ -20,8 +20,9 @@ from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
 from algos.evaluation import before_after, moving_average, plot_curves
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
+from algos.step_metrics import rewards_tied
 from algos.threads import busy_cores, cpu_threads
-from algos.trainer import Trainer, rewards_tied
+from algos.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

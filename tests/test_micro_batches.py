@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from agents.collate import collate_trajectories
+from algos.batch import micro_batches
 from algos.config import preset_config
 from algos.losses import sft_loss, total_loss
-from algos.trainer import Trainer, micro_batches
+from algos.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from agents.collate import collate_trajectories
+from algos import episode_checks
+from algos.batch import micro_batches
 from algos.config import preset_config
-from algos.trainer import Trainer, lr_factor, micro_batches
+from algos.run import TrainingStopped, lr_factor
+from algos.trainer import Trainer
 
 
 def _trainer(tmp_path, name: str, **overrides) -> Trainer:
@@ -203,7 +206,6 @@ def test_lora_trains_only_the_adapter_and_saves_a_merged_model(tmp_path):
 def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25, serve_app):
     """Searches that fail are counted and logged; past max_retrieval_error_rate the step stops the run."""
     from agents.oracle import OracleAgent
-    from algos.trainer import TrainingStopped
     from retrievers.server import create_app
 
     url, stop = serve_app(create_app(bm25))
@@ -212,7 +214,9 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
         assert trainer.collector.envs[0].unwrapped.retriever.inner.retries == 0  # the client behind the query cache
         trainer.collector.agent = OracleAgent(trainer.tokenizer)  # a policy that always searches
         infos = [t.info for t in trainer.collector.collect()]
-        assert sum(i["num_searches"] for i in infos) > 0 and trainer.check_retrieval(infos) == (0, 0.0)
+        assert sum(i["num_searches"] for i in infos) > 0 and episode_checks.check_retrieval(
+            infos, 1, trainer.config
+        ) == (0, 0.0)
         before = _params(trainer)
         stop()  # the server dies mid-run
         with pytest.raises(TrainingStopped, match=r"step 1: (\d+) of \1 searches failed \(100%.*ConnectError"):
@@ -221,7 +225,7 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
         infos = [t.info for t in trainer.collector.last_trajectories]
         assert all(i["num_searches"] == 0 and i["retrieval_errors"] > 0 for i in infos)
         trainer.config = dataclasses.replace(trainer.config, max_retrieval_error_rate=1.0)  # never stop
-        errors, rate = trainer.check_retrieval(infos)
+        errors, rate = episode_checks.check_retrieval(infos, 1, trainer.config)
         assert errors == sum(i["retrieval_errors"] for i in infos) and rate == 1.0
     finally:
         trainer.close()
@@ -233,7 +237,6 @@ def _snapshot(root) -> dict[str, bytes]:
 
 
 def test_resume_without_a_usable_checkpoint_is_an_error_that_changes_nothing(tmp_path):
-    from algos.trainer import TrainingStopped
 
     with pytest.raises(TrainingStopped, match="no checkpoint in .* drop --resume"):
         _trainer(tmp_path, "empty", algo="grpo", resume=True)

@@ -1,0 +1,92 @@
+"""The policy's no-grad and training forward passes over a batch's rows: log-probs (and entropies) at the sampled
+tokens (`logprobs`), and the old log-probs recomputed by the training model (`recompute_old_logp`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from algos import distributed
+from algos.batch import masked_token_logprobs, micro_batches, token_logprobs, token_logprobs_and_entropy
+from algos.losses import sampler_mismatch, tis_weights
+
+__all__ = ["logprobs", "recompute_old_logp"]
+
+
+def logprobs(
+    model: torch.nn.Module,
+    part: TensorDict,
+    *,
+    masked_head: bool,
+    context_grad: bool,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions, ``(n, L-1)`` each.
+
+    Args:
+        model: The policy, or the frozen reference model.
+        part: A micro-batch (``input_ids``, ``attention_mask``, ``loss_mask``) on the model's device.
+        masked_head: The LM head runs at the loss-mask positions only (`algos.batch.masked_token_logprobs`).
+        context_grad: With `masked_head`: whether the gradient flows through the context's tokens too.
+        with_entropy: Also return the predictive entropies (else None).
+        temperature: Divides the logits, as the sampler did.
+    """
+    ids, attn, mask = part["input_ids"], part["attention_mask"], part["loss_mask"]
+    if masked_head:  # --fsdp: the decoder and the LM head, called apart, run inside the root's forward hooks
+        return distributed.as_forward(
+            model,
+            masked_token_logprobs,
+            model,
+            ids,
+            attn,
+            mask,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            context_grad=context_grad,
+        )
+    if with_entropy:
+        return token_logprobs_and_entropy(model, ids, attn, micro_batch_size=len(ids), temperature=temperature)
+    return token_logprobs(model, ids, attn, micro_batch_size=len(ids), temperature=temperature), None
+
+
+def recompute_old_logp(
+    batch: TensorDict,
+    score: Callable[[TensorDict], torch.Tensor],
+    rows: Callable[[TensorDict, Sequence[int]], TensorDict],
+    *,
+    micro_batch_tokens: int,
+    tis_cap: float | None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> dict[str, float]:
+    """Replace the sampler's log-probs in `batch` by the training model's (no grad), micro-batched; return how far
+    apart the two are (`sampler_mismatch`) and, with `tis_cap`, set each token's truncated importance weight.
+
+    Args:
+        batch: The RL batch; its ``old_logp`` (the sampler's) is replaced, ``is_weight`` added with `tis_cap`.
+        score: A micro-batch's log-probs under the training model, ``(n, L-1)``.
+        rows: The micro-batch of the given rows, on the model's device.
+        micro_batch_tokens: Padded tokens per micro-batch at most.
+        tis_cap: The truncated importance weights' cap; None: no weights.
+        autocast: The run's autocast context.
+    """
+    sampler_logp = batch["old_logp"]  # (N, T-1): the sampler's
+    old_logp = torch.zeros_like(sampler_logp)  # (N, T-1)
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    with torch.no_grad(), autocast():
+        for picked in micro_batches(lengths, micro_batch_tokens):
+            logp = score(rows(batch, picked))  # (n, L-1)
+            old_logp[torch.tensor(picked), : logp.shape[1]] = logp.float().cpu()
+    mask = batch["loss_mask"]
+    batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
+    found = sampler_mismatch(batch["old_logp"], sampler_logp, mask)
+    if tis_cap is not None:
+        batch["is_weight"] = tis_weights(batch["old_logp"], sampler_logp, mask, tis_cap)  # (N, T-1)
+        capped = (batch["is_weight"] >= tis_cap) & mask
+        found["mismatch/tis_weight_mean"] = float(batch["is_weight"][mask].mean()) if mask.any() else 1.0
+        found["mismatch/tis_capped_fraction"] = float(capped.sum() / mask.sum().clamp(min=1))
+    return found
