@@ -25,12 +25,29 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from algos.trainer import Trainer
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What the scoring reads of a run (`algos.run.TrainingRun` is one): stated here rather than imported, so that
+    the run, which calls this module, and this module do not depend on each other."""
+
+    config: Any
+    policy: Any
+    tokenizer: Any
+    world: Any
+    run_dir: Path
+    checkpoint_dir: Path
+    validation_indices: Sequence[int]
+
+    def build_model(self) -> tuple[Any, Any]: ...
+
+    def full_weights(self) -> Any: ...
+
+    def load_weights(self, path: Any) -> None: ...
+
 
 __all__ = [
     "before_after",

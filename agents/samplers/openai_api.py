@@ -36,7 +36,7 @@ import httpcore
 import httpx
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from agents.samplers.base import TokenizerContext, cut_at_stop, overflow
 from retrievers.http import TRANSPORT_ERRORS, DeadlinePool
 
 _TOKEN_ID = re.compile(r"token_id:(\d+)")

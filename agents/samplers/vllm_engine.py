@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agents.records import Completion, SamplingParams
-from agents.samplers import TokenizerContext, cut_at_stop, overflow
+from agents.samplers.base import TokenizerContext, cut_at_stop, overflow
 
 logger = logging.getLogger(__name__)
 
