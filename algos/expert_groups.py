@@ -345,11 +345,11 @@ class ExpertTrainer(Trainer):
         return terms
 
     def accumulate_gradients(
-        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_coef: float = 0.0
+        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_weight: float = 0.0
     ) -> dict[str, float]:
         """The shared gradients of `batch` (`rl_loss_terms`), with the per-token metrics as means over their tokens:
         ``rl/clip_fraction`` and ``rl/approx_kl`` over the sampled tokens, ``expert/*`` over the expert tokens."""
-        metrics = super().accumulate_gradients(batch, sft_batch, sft_coef)
+        metrics = super().accumulate_gradients(batch, sft_batch, sft_weight)
         share = metrics.pop("rl/expert_tokens", 0.0)
         for key in ("rl/clip_fraction", "rl/approx_kl"):
             if key in metrics:

@@ -158,8 +158,8 @@ class Trainer(TrainingRun):
         """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
         cfg = self.config
         w = self.weighting.weight(rl_entropy=rollouts.rl_entropy, batch_accuracy=rollouts.accuracy)
-        sft_coef = w * cfg.sft_coef if self.demos else 0.0
-        sft_batch = self.sft_minibatch(self.step) if sft_coef > 0 else None
+        sft_weight = w * cfg.sft_coef if self.demos else 0.0  # the SFT term's weight this step
+        sft_batch = self.sft_minibatch(self.step) if sft_weight > 0 else None
 
         # the update: loss = loss_pg + loss_kl + w * sft_coef * loss_sft; each term is a token mean over its whole
         # batch, so its gradient accumulates micro-batch by micro-batch (`_rl_backward`, `_sft_backward`)
@@ -168,7 +168,7 @@ class Trainer(TrainingRun):
         for _ in range(cfg.update_epochs):
             start = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_coef)
+            metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_weight)
             self.sync_gradients()  # data parallel: sum the ranks' gradients
             sync()
             t_fwd_bwd += time.perf_counter() - start
@@ -189,23 +189,23 @@ class Trainer(TrainingRun):
         return step_metrics(self, rollouts, metrics, float(grad_norm), timings)
 
     def accumulate_gradients(
-        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_coef: float = 0.0
+        self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_weight: float = 0.0
     ) -> dict[str, float]:
-        """Add one update's gradients: of the RL terms on `batch`, then of ``sft_coef * loss_sft`` on `sft_batch`.
+        """Add one update's gradients: of the RL terms on `batch`, then of ``sft_weight * loss_sft`` on `sft_batch`.
 
         Runs forward and backward micro-batch by micro-batch, without touching the optimizer.
 
         Args:
             batch: An RL batch (`make_batch`).
             sft_batch: A demonstrations minibatch (`sft_minibatch`); None: no SFT term.
-            sft_coef: The SFT term's weight (the rule's weight times ``sft_coef``).
+            sft_weight: The SFT term's weight this step (the rule's ``w`` times the ``sft_coef`` setting).
 
         Returns:
             The terms' metrics: ``loss_*``, ``rl/*``, ``sft/*`` and the ``tokens/trained_*`` counts.
         """
         metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
         if sft_batch is not None:
-            metrics.update(self._sft_backward(sft_batch, sft_coef))  # + w * sft_coef * loss_sft
+            metrics.update(self._sft_backward(sft_batch, sft_weight))  # + w * sft_coef * loss_sft
         return metrics
 
     def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:

@@ -1,12 +1,8 @@
 """How much the SFT term weighs at each step: one small object per rule (none, fixed, RED).
 
-The three trainers share one loop and differ only in the rule. The loop calls, every step:
-
-    w = rule.weight(rl_entropy=entropy_estimate(old_logp, mask).item(), batch_accuracy=acc)  # before the update
-    terms["loss_sft"] = w * sft_coef * sft_loss(sft_logp, sft_mask)                           # skipped when w == 0
-    ...backward, optimizer step...
-    rule.observe_sft_entropy(h_sft)                                                            # after the update
-    log(rule.metrics())
+The three trainers share one loop (`algos.trainer`, whose docstring states the step) and differ only in the rule:
+the loop asks `SFTWeighting.weight` before the update, hands the SFT batch's entropy to `observe_sft_entropy` after
+it, and logs `metrics`.
 
 ``rl_entropy`` is the RL batch entropy estimate (`algos.losses.entropy_estimate`), ``batch_accuracy``
 the share of rollouts whose answer has F1 > 0 (`algos.batch.answer_accuracy`), ``h_sft`` the mean
