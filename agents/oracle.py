@@ -42,7 +42,7 @@ from agents.search_agents import ContextAgent, _Slot
 from envs.data import BUNDLED_SPLITS, DATASETS, QAExample
 from envs.protocol import ENV_TAGS, MODEL_TAGS
 from envs.rewards import is_yes_no, normalize_answer
-from retrievers.build_index import OneLineParser, atomic_file, output_problem
+from retrievers.files import OneLineParser, atomic_file, output_problem
 
 _DOC = re.compile(r'^Doc \d+ ?\(Title: "(.*?)"\) (.*)', re.MULTILINE)
 """One passage of a results block (the text inside ``<information>``), from the start of a line to its end, in either

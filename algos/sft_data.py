@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 from agents.records import Generation, Trajectory
 from algos.config import Config
 from envs.data import DataError
+from retrievers.files import atomic_file
 
 logger = logging.getLogger(__name__)
 
@@ -109,19 +109,9 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
 
 
 def _write_atomic(path: Path, lines: Iterable[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for line in lines:
-                handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(line + "\n")
 
 
 def _generation_record(generation: Generation, trajectory: Trajectory) -> str:

@@ -31,7 +31,7 @@ from envs.data import (
     search_r1_rows,
     write_rows,
 )
-from retrievers.build_index import OneLineParser, atomic_file, output_problem
+from retrievers.files import OneLineParser, atomic_file, output_problem
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from retrievers.corpus import cache_root
+from retrievers.files import atomic_file
 from retrievers.jvm import JAVA_LOCK, start_jvm
 
 _NO_MORE_DOCS = 2**31 - 1  # Lucene's DocIdSetIterator.NO_MORE_DOCS
@@ -100,9 +100,7 @@ class BM25Matrix:
     def _save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         terms = sorted(self.vocab, key=self.vocab.__getitem__)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".npz", dir=path.parent)
-        os.close(fd)
-        try:
+        with atomic_file(path) as tmp:  # readers see the old file or the whole new one, never half of it
             np.savez(
                 tmp,
                 doc_ids=np.array(self.doc_ids, dtype=str),
@@ -111,10 +109,6 @@ class BM25Matrix:
                 indices=self.weights.indices,
                 indptr=self.weights.indptr,
             )
-            os.replace(tmp, path)  # readers see the old file or the whole new one, never half of it
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     @classmethod
     def _load(cls, path: Path) -> BM25Matrix:

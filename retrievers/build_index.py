@@ -19,7 +19,6 @@ Search-R1 index file (e.g. `e5_Flat.index`) needs no building: pass that file as
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -35,64 +34,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from retrievers.corpus import CorpusError, fingerprint_rows, iter_corpus_rows
+from retrievers.files import OneLineParser, output_problem
 
 META = "meta.json"
 INDEX = "index.faiss"
 EMBEDDINGS = "embeddings.npy"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line, ``error: ...``, with exit status 2 and no usage text: the
-    form every command line of the project refuses bad input in."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def output_problem(flag: str, path: str | os.PathLike, *, directory: bool = False) -> str | None:
-    """Why the command cannot write its output (a file, or a directory with `directory`) at `path`, or None.
-
-    Creates the missing parent directories, as writing would, and opens a temporary file among them, so that a parent
-    that is a file, a read-only file system or a directory without write permission is told before any work starts.
-    """
-    path = Path(path)
-    if not directory and path.is_dir():
-        return f"{flag} {path}: is a directory; give a file name"
-    if directory and path.exists() and not path.is_dir():
-        return f"{flag} {path}: is a file, not a directory"
-    above = next(parent for parent in path.absolute().parents if parent.exists())
-    if not above.is_dir():
-        return f"{flag} {path}: {above} is a file, not a directory"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as err:
-        return f"{flag} {path}: cannot write in {path.parent} ({err.strerror or err})"
-    if not directory and path.exists() and not os.access(path, os.W_OK):
-        return f"{flag} {path}: the file is not writable"
-    return None
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside `path`, ending in its name (so its suffix still says the format), that replaces `path`
-    when the block ends and is removed when the block raises: a failed write leaves no partial file behind.
-
-    A `path` that is a link, or exists and is not a regular file (a device, a pipe), is yielded as it is, to be
-    written directly.
-    """
-    path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        yield path
-        return
-    tmp = path.with_name(f".partial-{os.getpid()}-{path.name}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def contents_of(title: str, text: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -38,6 +37,7 @@ except ImportError as err:
 from retrievers.base import Passage, SharedIndex
 from retrievers.corpus import Corpus, cache_root
 from retrievers.encoders import HFEncoder
+from retrievers.files import atomic_file
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 INDEX_KINDS = ("flat", "hnsw")
@@ -70,15 +70,8 @@ def bundled_embeddings(fingerprint: str, encoder_key: str) -> Path | None:
 
 def _save_atomic(path: Path, write) -> None:
     """Call `write(tmp_path)` and rename the result to `path`, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp:
+        write(str(tmp))
 
 
 class DenseRetriever(SharedIndex):

@@ -203,7 +203,7 @@ def test_an_export_whose_disk_fills_ends_in_one_line_and_keeps_the_old_file(tmp,
 
 
 def test_an_atomic_file_appears_whole_or_not_at_all(tmp):
-    from retrievers.build_index import atomic_file
+    from retrievers.files import atomic_file
 
     out = tmp / "demos.jsonl.gz"
     with pytest.raises(RuntimeError), atomic_file(out) as partial:
