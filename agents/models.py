@@ -265,6 +265,14 @@ def fix_pad_token(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerB
         gen.eos_token_id = eos
 
 
+def is_local_model(name: str | None) -> bool:
+    """Whether `name` (a ``--model`` value) names a local directory or file rather than the bundled model, the tiny
+    test model or a hub id: what can be checked on disk before anything loads."""
+    if name is None or name in ("tiny", "None", "none"):
+        return False
+    return os.path.exists(os.path.expanduser(name)) or _looks_like_path(name)
+
+
 def _looks_like_path(name: str) -> bool:
     """True for strings that can only mean a local path (hub ids are `name` or `org/name`)."""
     return (

@@ -99,13 +99,9 @@ def _check_run_dir(run_dir: Path) -> None:
 def check_model(config: Any) -> None:
     """Raise ValueError, before any weight loads, for a ``--model`` that holds no model (an empty directory, a broken
     config.json, a path that is not there) and for ``--lora-target-modules`` that name no layer of it."""
-    from agents.models import linear_modules, model_config
+    from agents.models import is_local_model, linear_modules, model_config
 
-    name = config.model
-    local = name not in (None, "tiny") and (
-        os.path.exists(os.path.expanduser(name)) or name.startswith(("/", ".", "~")) or name.count("/") > 1
-    )
-    if not config.lora and not local:
+    if not config.lora and not is_local_model(config.model):
         return  # the bundled model, the tiny one, or a hub id: loaded (or refused) by name when the run starts
     try:
         found = model_config(config.model)

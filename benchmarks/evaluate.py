@@ -320,10 +320,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _check_model(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> None:
     """A local model path that holds no model ends the command in one line before anything loads (a hub id and the
     bundled model are loaded, or refused, by name)."""
-    from agents.models import model_config
+    from agents.models import is_local_model, model_config
 
-    local = os.path.exists(os.path.expanduser(model)) or model.startswith(("/", ".", "~")) or model.count("/") > 1
-    if args.sampler == "openai" or model in ("None", "none") or not local:
+    if args.sampler == "openai" or not is_local_model(model):
         return
     try:
         model_config(model)
