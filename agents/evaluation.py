@@ -2,7 +2,7 @@
 actions, each with a 95% CI.
 
 `evaluate` plays an agent greedily (unless a temperature is given) over the questions of a split and scores them:
-the held-out evaluation that ends a training run (`algos.evaluation`), the algorithm comparison
+the held-out evaluation that ends a training run (`algos.run.evaluation`), the algorithm comparison
 (`benchmarks.compare`) and the command line (`python -m benchmarks.evaluate`) all call it. It lives below the
 trainers because training needs it; it uses only the env (`envs`), the agents and their samplers.
 
@@ -157,7 +157,7 @@ def evaluate(
         env_kwargs: more RAGEnv arguments over the ones built from `dataset`, `split` and `max_turns`; rag uses
             their questions, retriever, top_k and max_passage_words too.
         env_id: a registered env id: then the env is exactly ``gym.make(env_id, **env_kwargs)``, as a trainer builds
-            it (`algos.evaluation` scores a model in exactly the env it trained in).
+            it (`algos.run.evaluation` scores a model in exactly the env it trained in).
         max_context_tokens: the agent's (and sampler's) context length, as in training.
         indices: question indices to evaluate instead of the first `limit` (a held-out slice).
         out, progress, device: a JSON-lines file for the predictions, a progress bar, the model's torch device.

@@ -28,7 +28,7 @@ from tensordict import TensorDict
 from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos.config import Config, argv_preset
-from algos.launch import main as train
+from algos.run.launch import main as train
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import TurnCritic, turn_features, turn_spans, whiten

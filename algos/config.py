@@ -1,7 +1,7 @@
 """Training configuration: one frozen dataclass, the groups of its flags, and its named presets.
 
 Every field has a one-line docstring, which tyro turns into the `--help` text, so `--help` is the
-reference (`algos.cli` builds the command line; `FLAG_GROUPS` lays its flags out in groups). Derived
+reference (`algos.run.cli` builds the command line; `FLAG_GROUPS` lays its flags out in groups). Derived
 values (the env's turn limits, the run directory, bf16, where old log-probs come from) are properties,
 never fields changed after parsing.
 

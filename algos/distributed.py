@@ -86,10 +86,10 @@ class World:
     - Statistics: episode statistics (rewards, F1, the tie test, RED's batch accuracy) are computed from every
       rank's episodes (`gather_episodes`); token statistics (RL entropy, SFT entropy, losses) from summed
       numerators and denominators. RED's weight is therefore the same on every rank. Timings are rank 0's, and so
-      is the clock of a training-time budget (`algos.run.TrainingRun.steps`): every rank stops after the same step.
+      is the clock of a training-time budget (`TrainingRun.steps`): every rank stops after the same step.
     - Files: rank 0 alone writes metrics.jsonl, wandb, checkpoints, the final model and the evaluation files
       (`World.is_main`); every rank reads the checkpoint on ``--resume`` (a shared file system on several nodes),
-      which holds every rank's RNG states (`algos.checkpoint_files`).
+      which holds every rank's RNG states (`algos.checkpoints.files`).
     - Caches (indexes, the converted model, SFT data): rank 0 builds them first, the others load (`main_first`).
     """
 
@@ -338,7 +338,7 @@ def wrap_fsdp(model: torch.nn.Module, device: torch.device) -> bool:
     - Functions that call the decoder and the LM head separately (the masked LM head, PPO's value head) run inside
       the root's forward hooks (`as_forward`).
     - Gradient clipping uses the global norm (`clip_grad_norm_`).
-    - Checkpoints are sharded (`sharded_model_state`, `sharded_optimizer_state`, `algos.sharded_checkpoint`) and
+    - Checkpoints are sharded (`sharded_model_state`, `sharded_optimizer_state`, `algos.checkpoints.sharded`) and
       load with any number of ranks (`load_sharded_model_state`, `load_sharded_optimizer_state`); a whole-tensor
       checkpoint (one process, DDP) resumes under ``--fsdp`` too (`load_full_state_dict`, `shard_optimizer_state`),
       and a sharded one in one process or under DDP. The final model holds the whole weights, gathered once

@@ -1,6 +1,6 @@
 """Checks of a training step's episodes before the update: a step whose searches or generations failed too often
-stops the run (`algos.run.TrainingStopped`) instead of training on episodes that say "Search failed" or hold empty
-turns. `algos.trainer.Trainer.check_retrieval` and ``check_sampler`` call these with the run's settings.
+stops the run (`algos.run.training_run.TrainingStopped`) instead of training on episodes that say "Search failed"
+or hold empty turns. `algos.trainer.Trainer.check_retrieval` and ``check_sampler`` call these with the run's settings.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.run import TrainingStopped
+from algos.run.training_run import TrainingStopped
 
 __all__ = ["check_retrieval", "check_sampler"]
 

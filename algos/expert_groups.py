@@ -22,10 +22,11 @@ from tensordict import TensorDict
 
 from agents.collate import collate_trajectories
 from agents.records import Trajectory
-from algos import distributed, run_setup
+from algos import distributed
 from algos.config import Config
 from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, tree_advantages
 from algos.off_policy import shaped_expert_loss
+from algos.run import setup as run_setup
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from algos.expert_groups import ExpertConfig, ExpertTrainer
-from algos.launch import main as train
+from algos.run.launch import main as train
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

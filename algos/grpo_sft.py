@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.launch import main as train
+from algos.run.launch import main as train
 from algos.trainer import Trainer
 
 

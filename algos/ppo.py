@@ -34,8 +34,8 @@ from agents.collate import collate_trajectories
 from algos import distributed
 from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config, argv_preset
-from algos.launch import main as train
 from algos.losses import policy_loss
+from algos.run.launch import main as train
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import ValueHead, episode_gae, logprobs_and_values, value_loss, whiten

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from algos.config import argv_preset
-from algos.launch import main as train
 from algos.presets import PRESETS
+from algos.run.launch import main as train
 from algos.trainer import Trainer
 
 __all__ = ["SFT_DEFAULTS", "main", "sft_defaults"]

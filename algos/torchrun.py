@@ -27,7 +27,7 @@ from collections.abc import Sequence
 __all__ = ["LAUNCHER", "SHUTDOWN_TIMEOUT_S", "main"]
 
 LAUNCHER = "python -m algos.torchrun"
-"""How the workers' resume line names this launcher (`algos.run_control.rerun_command` reads it from
+"""How the workers' resume line names this launcher (`algos.run.control.rerun_command` reads it from
 ``REDCODA_LAUNCHER``)."""
 
 SHUTDOWN_TIMEOUT_S = 600

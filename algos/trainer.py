@@ -43,7 +43,7 @@ from algos.losses import (
     total_loss,
     tree_advantages,
 )
-from algos.run import TrainingRun, sync
+from algos.run.training_run import TrainingRun, sync
 from algos.sft_data import sample_indices
 from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
 
@@ -51,7 +51,7 @@ __all__ = ["Trainer"]
 
 
 class Trainer(TrainingRun):
-    """One training run: the step below, on `algos.run.TrainingRun`'s model, sampler, collector and optimizer.
+    """One training run: the step below, on `TrainingRun`'s model, sampler, collector and optimizer.
 
     Details a reader may need:
 

@@ -7,7 +7,7 @@
     python -m benchmarks.compare --algos red_grpo grpo_sft grpo_expert --seeds 3            # experts in the groups
 
 For every (system, seed) it trains with `python -m algos.<algo>` in a subprocess on the same env, data order (the
-seed fixes it for every system) and budget, then scores the final model greedily with `algos.evaluation` on the
+seed fixes it for every system) and budget, then scores the final model greedily with `algos.run.evaluation` on the
 same held-out questions in the runs' env, beside the start model (untrained, `--init-model`, or the shared SFT
 warm start of `--warm-start-steps`). A system is an algorithm, or one with trainer settings of its own:
 `grpo_sft:sft_coef=0.4` trains with `--sft-coef 0.4` (any `Config` field, `name=value`, comma-separated), its runs
@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, systems: list[System]) -> None:
     """Refuse, in one line before anything trains, numbers out of range, a start model that holds no model, and
     trainer settings (``--train-arg``, a system's own) that its trainer would refuse."""
-    from algos.cli import parse_config
+    from algos.run.cli import parse_config
 
     for flag, value, low in (
         ("--seeds", args.seeds, 1),

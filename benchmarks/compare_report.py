@@ -46,7 +46,7 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
     """
     import matplotlib
 
-    from algos.evaluation import moving_average
+    from algos.run.evaluation import moving_average
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

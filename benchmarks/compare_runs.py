@@ -72,7 +72,7 @@ BUDGETS = {
 
 def run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
     """The trainer config the runs use: the evaluation takes its env settings from it (one source)."""
-    from algos.cli import parse_config
+    from algos.run.cli import parse_config
 
     return parse_config(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
 
@@ -344,11 +344,11 @@ def evaluate_run(
     """Evaluate one model on the held-out questions (cached in out_dir/<name>.json), in the runs' training env.
 
     The env settings, tokens per turn and context length come from the runs' `Config` through
-    `algos.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses. More than
+    `algos.run.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses. More than
     `max_error_rate` of the episodes with sampler or retriever errors (None: 5%) raise
     `agents.evaluation.EvaluationFailed`, and nothing is cached.
     """
-    from algos.evaluation import score_held_out
+    from algos.run.evaluation import score_held_out
 
     target = out_dir / f"{name}.json"
     if target.exists():

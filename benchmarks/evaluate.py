@@ -105,7 +105,7 @@ ENV_FLAGS = (
 
 
 def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A trained run's held-out evaluation settings (`algos.evaluation.held_out_settings`), with `overrides`.
+    """A trained run's held-out evaluation settings (`algos.run.evaluation.held_out_settings`), with `overrides`.
 
     Args:
         config_file: a run's saved config (``redcoda_config.json``) or any YAML/JSON file of `Config` fields.
@@ -117,9 +117,9 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
     """
     import dataclasses
 
-    from algos.cli import load_config_file
     from algos.config import Config
-    from algos.evaluation import held_out_settings
+    from algos.run.cli import load_config_file
+    from algos.run.evaluation import held_out_settings
 
     config = dataclasses.replace(Config(), **{**load_config_file(config_file), **overrides})
     settings = held_out_settings(config)

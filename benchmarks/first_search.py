@@ -3,12 +3,12 @@
     python -m benchmarks.first_search runs/red/eval.json [runs/compare/evals/*.json ...]
     redcoda-first-search runs/red/eval.json                        # the same, as the installed console script
 
-The command line of `algos.first_search`, which has what the split means and how it is computed.
+The command line of `algos.run.first_search`, which has what the split means and how it is computed.
 """
 
 from __future__ import annotations
 
-from algos.first_search import main
+from algos.run.first_search import main
 
 
 def cli() -> None:

@@ -42,8 +42,8 @@ from tensordict import TensorDict
 import algos.scoring
 import algos.trainer
 from algos.batch import micro_batches, trim_rows
-from algos.cli import parse_config
 from algos.config import Config
+from algos.run.cli import parse_config
 from algos.trainer import Trainer
 from benchmarks.roofline import matmul_peak, train_flops
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from algos.checkpoint import (
+from algos.checkpoints.store import (
     checkpoint_problem,
     damaged_checkpoints,
     find_latest,
@@ -141,7 +141,7 @@ def _size_in_manifest(path: Path, name: str = "optimizer.pt") -> int:
 
 _WRITER = """
 import sys, torch
-from algos.checkpoint import save_checkpoint
+from algos.checkpoints.store import save_checkpoint
 root = sys.argv[1]
 for step in range(1, 100000):
     weights = {"w": torch.full((512, 512), float(step))}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from algos.cli import parse_config
 from algos.config import Config, preset_config
+from algos.run.cli import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -333,7 +333,7 @@ def test_a_config_file_with_a_bad_value_is_refused_in_one_line_naming_the_key(te
 
 
 def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
-    from algos.cli import load_config_file
+    from algos.run.cli import load_config_file
 
     saved = preset_config("cpu", lr=5e-5, adam_betas=(0.9, 0.95), tree_branch_turns=(1,), eval_data_path=None)
     path = tmp_path / "redcoda_config.json"

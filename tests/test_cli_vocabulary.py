@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from algos.cli import parse_config
 from algos.config import default_preset, preset_config
-from algos.evaluation import held_out_settings
-from algos.outputs import write_run_config
+from algos.run.cli import parse_config
+from algos.run.evaluation import held_out_settings
+from algos.run.outputs import write_run_config
 from benchmarks.evaluate import main as evaluate_main
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from algos.config import Config
-from algos.evaluation import held_out_settings
+from algos.run.evaluation import held_out_settings
 from benchmarks.compare import ClaimedElsewhere, main
 from benchmarks.compare_runs import _trained_code, claimed
 
@@ -291,7 +291,7 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     start model and seed; parsed as `python -m algos.sft` parses it, its own defaults and the system's flags."""
     import dataclasses
 
-    from algos.cli import parse_config
+    from algos.run.cli import parse_config
     from algos.sft import sft_defaults
     from benchmarks.compare import BUDGETS, train_command
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from algos import checkpoint
-from algos.checkpoint import (
+from algos.checkpoints import store as checkpoint
+from algos.checkpoints.store import (
     LATEST_FILE,
     CheckpointWriteError,
     find_latest,
@@ -247,7 +247,8 @@ def test_main_stops_with_one_line_naming_the_cause_and_the_checkpoint_to_resume(
             done = subprocess.run(command, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
             status, err = done.returncode, done.stderr
         else:
-            from algos import outputs, red_grpo
+            from algos import red_grpo
+            from algos.run import outputs
 
             real_save_file = checkpoint.save_file
 

@@ -19,8 +19,8 @@ from agents.collector import shard_range
 from agents.models import tiny_model
 from algos import distributed
 from algos.archer import ArCHerConfig
-from algos.cli import parse_config
 from algos.config import preset_config
+from algos.run.cli import parse_config
 from algos.value import whiten
 
 HERE = Path(__file__).resolve().parent

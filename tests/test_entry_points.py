@@ -99,7 +99,7 @@ def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
 
 def test_the_warm_start_keeps_a_presets_own_step_size():
     """algos.sft's larger lr and batch replace the seed's RL defaults, never the values a preset chose."""
-    from algos.cli import parse_config
+    from algos.run.cli import parse_config
     from algos.sft import sft_defaults
 
     def parse(*args: str):
@@ -161,7 +161,7 @@ def test_data_and_run_directory_faults_are_one_line_errors(tmp_path, capsys):
 
 
 def test_summary_table_in_a_log_file_keeps_long_rows_on_one_line(capsys, tmp_path):
-    from algos.run_finish import print_summary
+    from algos.run.finish import print_summary
 
     run_dir = tmp_path / ("a-run-directory-with-a-long-name-" * 3)
     summary = {

@@ -97,9 +97,9 @@ def test_the_count_and_the_check():
 
 def test_the_trainers_held_out_scoring_fails_and_the_entry_point_says_so_in_one_line(tmp_path, monkeypatch, capsys):
     import agents.evaluation
-    from algos import launch
     from algos.config import preset_config
-    from algos.evaluation import score_held_out
+    from algos.run import launch
+    from algos.run.evaluation import score_held_out
 
     scores = dict.fromkeys(agents.evaluation.METRICS, 0.0)  # what an errored episode scores
     failed = [

@@ -18,10 +18,10 @@ from agents.records import SamplingParams
 from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
-from algos.evaluation import before_after, moving_average, plot_curves
+from algos.run.evaluation import before_after, moving_average, plot_curves
+from algos.run.threads import busy_cores, cpu_threads
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
 from algos.step_metrics import rewards_tied
-from algos.threads import busy_cores, cpu_threads
 from algos.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -112,7 +112,7 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
 
 def test_the_starting_models_cached_scores_serve_every_seed_of_a_fixed_model(tmp_path, monkeypatch):
     """Greedy scores of fixed weights do not depend on the training seed; the tiny model's weights do."""
-    from algos.evaluation import _starting_model_cache
+    from algos.run.evaluation import _starting_model_cache
 
     monkeypatch.setenv("REDCODA_CACHE", str(tmp_path / "cache"))
     path = lambda preset, **kw: _starting_model_cache(preset_config(preset, **kw))  # noqa: E731

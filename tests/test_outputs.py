@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from algos.cli import load_config_file
 from algos.config import Config, preset_config
-from algos.outputs import CARD_FILE, CONFIG_FILE, model_card
+from algos.run.cli import load_config_file
+from algos.run.outputs import CARD_FILE, CONFIG_FILE, model_card
 
 FLAGS = ["--preset", "tiny", "--validation-questions", "2", "--wandb", "--push-to-hub", "user/tiny"]
 

@@ -277,7 +277,7 @@ def test_quieted_http_clients_log_no_line_per_search(server_url, caplog):
 
     import httpx
 
-    from algos.logs import QUIET_LOGGERS, quiet_http_logs
+    from algos.run.logs import QUIET_LOGGERS, quiet_http_logs
 
     body = {"queries": ["Ed Wood"], "topk": 2, "return_scores": True}
     levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}

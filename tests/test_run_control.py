@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from algos import run_control
-from algos.checkpoint import find_latest, load_checkpoint
-from algos.run_control import CpuReading, TorchThreads, choose_threads, lock_run_dir, others_busy
+from algos.checkpoints.store import find_latest, load_checkpoint
+from algos.run import control as run_control
+from algos.run.control import CpuReading, TorchThreads, choose_threads, lock_run_dir, others_busy
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {
@@ -40,7 +40,7 @@ def _holder(run_dir: Path) -> subprocess.Popen:
     """Another process that locks `run_dir` and holds it until killed."""
     code = (
         "import sys, time\n"
-        "from algos.run_control import lock_run_dir\n"
+        "from algos.run.control import lock_run_dir\n"
         f"lock = lock_run_dir({str(run_dir)!r})\n"
         "print('locked', flush=True)\n"
         "time.sleep(600)\n"
@@ -309,7 +309,7 @@ def test_the_jvm_leaves_the_signals_to_python(signum):
     process down in the middle of a step): the handler sees the signal and the process goes on."""
     code = (
         "import os, time\n"
-        "from algos.run_control import StopSignals\n"
+        "from algos.run.control import StopSignals\n"
         "from retrievers.jvm import start_jvm\n"
         "with StopSignals() as stop:\n"
         "    start_jvm()\n"
@@ -355,7 +355,7 @@ def test_under_torchrun_the_forwarded_repeat_of_a_signal_is_the_same_stop(monkey
     a second Ctrl-C (stop at once, without a checkpoint). A repeat after the window still is one (not sent here: it
     would end this process)."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
-    caplog.set_level(logging.INFO, logger="algos.run_control")
+    caplog.set_level(logging.INFO, logger="algos.run.control")
     with run_control.StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)  # still alive: the handler took it as torchrun's forward
@@ -422,7 +422,7 @@ def test_the_rule_leaves_other_processes_their_cores():
 
 
 def test_a_spike_at_start_decides_only_until_the_first_recheck(caplog):
-    caplog.set_level(logging.INFO, logger="algos.run_control")
+    caplog.set_level(logging.INFO, logger="algos.run.control")
     spike = (_reading(0.0, 0.0, 0.0), _reading(0.5, 0.9, 0.0))  # 0.5 s in which another process spun 1.8 cores
     threads = TorchThreads(None, cores=2, recheck_s=30, start=spike, apply=False)
     assert threads.threads == 1
@@ -439,7 +439,7 @@ def test_a_spike_at_start_decides_only_until_the_first_recheck(caplog):
 def test_torch_threads_given_are_kept_whatever_the_load(caplog):
     import torch
 
-    caplog.set_level(logging.INFO, logger="algos.run_control")
+    caplog.set_level(logging.INFO, logger="algos.run.control")
     before = torch.get_num_threads()
     try:
         threads = TorchThreads(3, recheck_s=1)

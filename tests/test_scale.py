@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algos import memory
 from algos.config import preset_config
+from algos.run import memory
 from algos.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -137,7 +137,7 @@ def test_a_gpu_offers_the_run_what_is_free_and_what_pytorch_already_holds(monkey
 
 
 def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
-    from algos.launch import main
+    from algos.run.launch import main
 
     with pytest.raises(SystemExit) as stop:
         main(
@@ -152,7 +152,7 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
 
 
 def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_path, capsys):
-    from algos.launch import main
+    from algos.run.launch import main
 
     shape = memory.Shape.of(_qwen25_3b_config())
     small = memory.estimate(preset_config("cpu"), shape).parts["rollout batch"]

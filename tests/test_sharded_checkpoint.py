@@ -19,7 +19,7 @@ import torch
 from distributed_runs import RankDraws, checkpoint_tensors, red_grpo_config
 from safetensors.torch import load_file
 
-from algos.checkpoint import checkpoint_problem, find_latest
+from algos.checkpoints.store import checkpoint_problem, find_latest
 
 HERE = Path(__file__).resolve().parent
 SHARDED_FILES = {
@@ -194,7 +194,7 @@ def _assert_falls_back(run_dir: Path, problem: str, caplog) -> None:
     checkpoints = run_dir / "checkpoints"
     assert checkpoint_problem(checkpoints / "step_000002") == problem
     assert checkpoint_problem(checkpoints / "step_000001") is None
-    with caplog.at_level(logging.WARNING, logger="algos.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="algos.checkpoints.store"):
         assert find_latest(checkpoints) == checkpoints / "step_000001"
     assert f"step_000002 is unusable ({problem})" in caplog.text
     weights = checkpoint_tensors(checkpoints / "step_000001")[0]

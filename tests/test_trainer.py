@@ -13,7 +13,7 @@ from agents.collate import collate_trajectories
 from algos import episode_checks
 from algos.batch import micro_batches
 from algos.config import preset_config
-from algos.run import TrainingStopped, lr_factor
+from algos.run.training_run import TrainingStopped, lr_factor
 from algos.trainer import Trainer
 
 
@@ -338,7 +338,7 @@ def test_a_run_with_a_weight_average_saves_and_scores_the_average(tmp_path):
 
 
 def test_validation_questions_are_the_splits_last_and_never_trained_on():
-    from algos.run_setup import training_indices, validation_indices
+    from algos.run.setup import training_indices, validation_indices
 
     config = preset_config("tiny", num_questions=None, validation_questions=10)
     assert training_indices(config, 100) == range(90) and validation_indices(config, 100) == range(90, 100)
@@ -352,9 +352,9 @@ def test_validation_questions_are_the_splits_last_and_never_trained_on():
 def _selected_run(tmp_path, monkeypatch, f1_by_checkpoint=None):
     """A 3-step run keeping every step's checkpoint, its final model chosen on 4 validation questions; with
     `f1_by_checkpoint`, the validation scores are those (the rule alone), else the real scores of the real run."""
-    import algos.evaluation as evaluation
+    import algos.run.evaluation as evaluation
     from agents.models import load_model
-    from algos.checkpoint import load_checkpoint
+    from algos.checkpoints.store import load_checkpoint
 
     if f1_by_checkpoint is not None:
         real = evaluation.score_held_out

@@ -17,9 +17,9 @@ from agents.records import Completion, Generation, SamplingParams, Trajectory
 from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from agents.tree import TreeShape, branch_points, play_trees
-from algos.cli import parse_config
 from algos.config import preset_config
 from algos.losses import group_advantages, tree_advantages
+from algos.run.cli import parse_config
 
 PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0)
 

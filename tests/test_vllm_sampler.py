@@ -169,7 +169,7 @@ def test_a_vllm_without_in_place_weight_reload_is_refused_in_one_line(recording_
 def test_without_vllm_the_trainer_refuses_before_anything_loads(tmp_path, capsys, monkeypatch):
     import importlib.util
 
-    from algos.launch import main
+    from algos.run.launch import main
     from algos.trainer import Trainer
 
     real = importlib.util.find_spec

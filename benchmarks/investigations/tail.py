@@ -1,9 +1,9 @@
 """The main job's tail, before and after a code change, side by side: seconds per part and identical predictions.
 
 The tail of ``python -m algos.red_grpo`` scores models greedily after training: with ``--validation-questions``
-each kept checkpoint on the validation questions (`algos.evaluation.select_checkpoint`), then the starting model
+each kept checkpoint on the validation questions (`algos.run.evaluation.select_checkpoint`), then the starting model
 and the final model (the chosen checkpoint, else the last step's) on the held-out dev questions
-(`algos.evaluation.before_after`). This script replays those parts for a finished run, each in its own process,
+(`algos.run.evaluation.before_after`). This script replays those parts for a finished run, each in its own process,
 once with the code of a git revision (the baseline, exported read-only into a temporary folder) and once with the
 working tree, alternating which goes first, and prints per part the seconds of each, their ratio and whether the
 per-question predictions are identical (every field but timing). The CPU may be shared: the load average is
@@ -48,7 +48,7 @@ def run_part(tree: Path, part: dict[str, Any], run: Path, threads: int, out: Pat
 
 
 def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
-    """Score one model as the tail does (`algos.evaluation.score_held_out`) and write its seconds and predictions."""
+    """Score one model as the tail does (`algos.run.evaluation.score_held_out`), writes its seconds and predictions."""
     import dataclasses
 
     import torch
@@ -60,7 +60,7 @@ def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
     torch.set_num_threads(threads)
     from agents.models import load_model
     from algos.config import Config
-    from algos.evaluation import score_held_out
+    from algos.run.evaluation import score_held_out
 
     saved = json.loads((run / "redcoda_config.json").read_text())
     fields = {f.name for f in dataclasses.fields(Config)}

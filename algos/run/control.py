@@ -109,7 +109,7 @@ class RunDirLock:
 
         A lock is on a file: when the directory is removed (or replaced by another run's, with a lock file of its
         own) the lock still holds, but on a file no other run can see, so a run that went on writing would write into
-        a directory that is not its own. The run checks this before it writes (`algos.run.TrainingRun`).
+        a directory that is not its own. The run checks this before it writes (`algos.run.training_run.TrainingRun`).
         """
         try:
             now = _file_identity(self.path)

@@ -8,13 +8,13 @@ of the optimizer state in place of weights.safetensors and optimizer.pt, so no r
         shards/__0_0.distcp    rank 0's chunks (weights, AdamW moments, weight average; replicated tensors such as
         shards/__1_0.distcp    a value head once, on one rank), rank 1's, ...
         rng.safetensors, rng_rank1.safetensors, ...   each rank's RNG states, written by that rank
-        state.json             as in `algos.checkpoint`, plus the optimizer's parameter groups (by FQN)
+        state.json             as in `algos.checkpoints.store`, plus the optimizer's parameter groups (by FQN)
         manifest.json          every file, the shards and DCP's .metadata included
 
 DCP reshards on load (`load_sharded_tensors`), so a sharded checkpoint resumes with any number of ranks or in one
 process. Rank 0 creates the temporary directory and broadcasts its name; every rank writes, fsyncs and hashes its
 own files; the ranks gather their digests (and any failure, so that none waits for ever); rank 0 then writes
-state.json and the manifest, and commits (`algos.checkpoint_files.commit`); the others learn the outcome from it.
+state.json and the manifest, and commits (`algos.checkpoints.files.commit`); the others learn the outcome from it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from algos.atomic_files import CheckpointWriteError, file_entry, writing
-from algos.checkpoint_files import SHARDS_DIR, commit, new_tmp_dir, rng_file, rng_state, save_rng, step_dir_name
+from algos.checkpoints.atomic import CheckpointWriteError, file_entry, writing
+from algos.checkpoints.files import SHARDS_DIR, commit, new_tmp_dir, rng_file, rng_state, save_rng, step_dir_name
 
 __all__ = ["load_sharded_tensors", "save_sharded_checkpoint", "sharded_keys"]
 
@@ -68,7 +68,7 @@ def save_sharded_checkpoint(
 
     Each rank writes its own chunks of `tensors` (DTensor shards; a replicated plain tensor once, on one rank)
     and its own RNG states; rank 0 writes state.json and the manifest and commits, as
-    `algos.checkpoint.save_checkpoint` does.
+    `algos.checkpoints.store.save_checkpoint` does.
 
     Args:
         root: The checkpoints directory (created if missing).
@@ -76,7 +76,7 @@ def save_sharded_checkpoint(
         tensors: This rank's state dict for DCP: nested dicts of DTensors and tensors, the same keys on every rank.
         state: JSON-serialisable state, rank 0's written (the other ranks' is not read).
         keep: Keep this many newest checkpoints (at least 1).
-        _before_commit: Test hook, see `algos.checkpoint.save_checkpoint` (rank 0 calls it).
+        _before_commit: Test hook, see `algos.checkpoints.store.save_checkpoint` (rank 0 calls it).
 
     Returns:
         The checkpoint's directory (on every rank, once rank 0 has committed it).

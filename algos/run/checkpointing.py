@@ -1,6 +1,6 @@
 """The state a training run keeps on disk and in memory besides its weights: checkpoints, resume, the weight average.
 
-`RunCheckpoints` is a base of `algos.run.TrainingRun`; its methods use the run's attributes (``config``, ``policy``,
+`RunCheckpoints` is a base of `training_run.TrainingRun`; its methods use the run's attributes (``config``, ``policy``,
 ``optimizer``, ``weighting``, ``collector``, ``world``, ``step``, ...). A checkpoint holds the trainable weights,
 the AdamW state, the weighting rule's state, a learner's own tensors and state, the data position, every rank's RNG
 states and the metrics rows written since the last checkpoint; under ``--fsdp`` each rank writes its own shards.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from algos import distributed
-from algos.checkpoint import (
+from algos.checkpoints.store import (
     checkpoint_problem,
     is_sharded,
     load_checkpoint,
@@ -77,7 +77,7 @@ def changed_settings(saved: dict[str, Any], config: Any) -> dict[str, tuple[Any,
 
 
 class RunCheckpoints:
-    """Checkpoints, resume and the weight average of a `algos.run.TrainingRun` (a base class of it)."""
+    """Checkpoints, resume and the weight average of a `algos.run.training_run.TrainingRun` (a base class of it)."""
 
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``).
@@ -127,7 +127,7 @@ class RunCheckpoints:
     def _save_sharded(self, names: list[str], state: dict[str, Any], learner_tensors: dict[str, torch.Tensor]) -> Path:
         """``--fsdp``: every rank writes its own shards of the weights, the AdamW state and the weight average with
         torch.distributed.checkpoint, and its RNG states; rank 0 the JSON `state`, with the optimizer's parameter
-        groups (`algos.checkpoint.save_sharded_checkpoint`). Nothing is gathered."""
+        groups (`algos.checkpoints.store.save_sharded_checkpoint`). Nothing is gathered."""
         optimizer = distributed.sharded_optimizer_state(self.policy, self.optimizer)
         tensors: dict[str, Any] = {
             "model": distributed.sharded_model_state(self.policy, names),
@@ -159,7 +159,7 @@ class RunCheckpoints:
         self.last_step_tied = bool(state.get("last_step_tied", False))
         self.elapsed = float(state.get("elapsed", 0.0))
         changed = changed_settings(state.get("config", {}), self.config)
-        if changed:  # allowed by --resume-changed (`algos.run.TrainingRun` refused it otherwise, before the model)
+        if changed:  # allowed by --resume-changed (`TrainingRun` refused it otherwise, before the model)
             logger.warning("resuming with settings that differ from the checkpoint's: %s", changed)
         ranks = int(state.get("ranks", 1))
         if ranks != self.world.size:  # the state is the global batch's (data order, seeds, whole weights)
@@ -306,7 +306,7 @@ class RunCheckpoints:
 
     def load_weights(self, path: str | os.PathLike) -> None:
         """Put a checkpoint's trainable weights into the policy; the optimizer, rule and data position stay as they
-        are (the final model's selection, `algos.evaluation.select_checkpoint`)."""
+        are (the final model's selection, `algos.run.evaluation.select_checkpoint`)."""
         if is_sharded(path):  # each rank reads its shards (the whole tensors without --fsdp)
             names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
             tensors = {"model": distributed.sharded_model_state(self.policy, names)}

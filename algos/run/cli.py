@@ -1,6 +1,6 @@
 """The command line of the training entry points: a `Config` from the preset, a ``--config FILE`` and the flags.
 
-`parse_config` is what every entry point parses with (through `algos.launch.main`); its ``--help`` lists the flags
+`parse_config` is what every entry point parses with (through `algos.run.launch.main`); its ``--help`` lists the flags
 in the groups of `algos.config.FLAG_GROUPS`, with the entry point's fixed ``--algo`` left out.
 
     python -m algos.red_grpo --help

@@ -3,21 +3,21 @@
 `algos.trainer.Trainer` is the algorithm (its `train_step`); `TrainingRun`, its base class, is what a run
 needs around it:
 
-- setup from a `Config` (the parts come from `algos.run_setup`): seeds, the model (optionally LoRA) and tokenizer,
+- setup from a `Config` (the parts come from `algos.run.setup`): seeds, the model (optionally LoRA) and tokenizer,
   the sampler, the agent, the rollout collector over ``gym.make(config.env_id, **config.env_kwargs)``, the oracle
   demonstrations when the weighting rule has an SFT term, the optimizer;
-- ``--resume``, checkpoints and the weight average (`algos.run_checkpoints.RunCheckpoints`, a base class);
+- ``--resume``, checkpoints and the weight average (`algos.run.checkpointing.RunCheckpoints`, a base class);
 - `steps`: train steps to ``config.steps`` or the training-time budget (the lr following ``lr_schedule``), a
   checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless logged in;
   WANDB_MODE is respected);
-- `train`: the last checkpoint, the final model and what is published with it (`algos.run_finish.RunFinish`, a
-  base class), the trained and the starting model scored on held-out questions (`algos.evaluation.before_after`);
+- `train`: the last checkpoint, the final model and what is published with it (`algos.run.finish.RunFinish`, a
+  base class), the trained and the starting model scored on held-out questions (`algos.run.evaluation.before_after`);
 - data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
   questions, the policy in DDP (`sync_gradients`) or sharded by FSDP2 (``--fsdp``: `full_weights` around sampling,
   `matched_passes` around the micro-batches, each rank writing its own checkpoint shards), rank 0 alone writing files
   (``self.world.is_main``).
 
-The command line's shared body, which the entry points call, is `algos.launch.main`.
+The command line's shared body, which the entry points call, is `algos.run.launch.main`.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ import torch
 
 from agents.records import Completion, SamplingParams
 from agents.samplers import SamplerWrapper
-from algos import distributed, run_control, run_setup
+from algos import distributed
 from algos.batch import masked_head_matches
-from algos.checkpoint import damaged_checkpoints, find_latest, read_state, writing
+from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state, writing
 from algos.config import Config
-from algos.run_checkpoints import RunCheckpoints, changed_settings
-from algos.run_finish import RunFinish, print_summary
+from algos.run import control as run_control
+from algos.run import setup as run_setup
+from algos.run.checkpointing import RunCheckpoints, changed_settings
+from algos.run.finish import RunFinish, print_summary
 from algos.sft_data import load_demonstrations
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from envs.data import DataError
@@ -213,8 +215,8 @@ class TrainingRun(RunCheckpoints, RunFinish):
         return run_setup.build_model(self.config, self.device)
 
     def check_memory(self) -> None:
-        """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.memory`)."""
-        from algos import memory
+        """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.run.memory`)."""
+        from algos.run import memory
 
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
@@ -485,7 +487,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
             distributed.barrier()  # every checkpoint is on disk before any rank lists them
             validation = None
             if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
-                from algos.evaluation import select_checkpoint
+                from algos.run.evaluation import select_checkpoint
 
                 validation = select_checkpoint(self)
             self.use_average()  # --weight-average: the final model and the evaluation are the average
@@ -513,7 +515,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
 
     def _score(self, summary: dict[str, Any], validation: dict[str, Any] | None) -> None:
         """The held-out before/after scores and the learning curves, into `summary` (rank 0's)."""
-        from algos.evaluation import before_after, plot_curves
+        from algos.run.evaluation import before_after, plot_curves
 
         evaluation = before_after(self)  # every rank scores its share of the questions
         if self.world.is_main:

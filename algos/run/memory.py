@@ -13,7 +13,7 @@ attention (no (sequence x sequence) score matrix kept): the inputs of the norms,
 and down projections and of the activation function. It is an estimate: allocator fragmentation, temporary
 buffers and CUDA's own context (about 0.5 GiB) come on top, hence the margin `check` leaves.
 
-    python -m algos.memory --model Qwen/Qwen2.5-3B-Instruct --preset gpu --gradient-checkpointing
+    python -m algos.run.memory --model Qwen/Qwen2.5-3B-Instruct --preset gpu --gradient-checkpointing
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> Estimate:
 
     from transformers import AutoConfig
 
-    from algos.cli import parse_config
+    from algos.run.cli import parse_config
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (shards under --fsdp)")

@@ -4,7 +4,7 @@ a fault as one line.
 The exit status is 1 for a fault, 2 for settings, data files, a run directory in use and a model that does not
 fit; 143 or 130 after SIGTERM or SIGINT, once the step under way is checkpointed, with the command that resumes.
 
-    python -m algos.red_grpo --preset tiny --run-dir /tmp/red-tiny   # an entry point: algos.launch.main
+    python -m algos.red_grpo --preset tiny --run-dir /tmp/red-tiny   # an entry point: algos.run.launch.main
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from agents.evaluation import EvaluationFailed
-from algos import distributed, run_control
-from algos.checkpoint import CheckpointWriteError, find_latest
-from algos.cli import parse_config
+from algos import distributed
+from algos.checkpoints.store import CheckpointWriteError, find_latest
 from algos.config import AlgoName, Config
-from algos.logs import quiet_http_logs
-from algos.memory import DoesNotFit
-from algos.run import TrainingRun, TrainingStopped
+from algos.run import control as run_control
+from algos.run.cli import parse_config
+from algos.run.logs import quiet_http_logs
+from algos.run.memory import DoesNotFit
+from algos.run.training_run import TrainingRun, TrainingStopped
 from envs.data import DataError
 from retrievers.corpus import CorpusError
 

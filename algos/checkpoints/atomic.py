@@ -1,6 +1,6 @@
 """Files written so that a crash or a full disk leaves either the old version or the new one, never a torn one.
 
-`write_text_atomic` replaces a file through a fsynced temporary file; the checkpoints (`algos.checkpoint`) rename
+`write_text_atomic` replaces a file through a fsynced temporary file; the checkpoints (`algos.checkpoints.store`) rename
 whole fsynced directories into place with the same helpers.
 
 Write faults: a full disk, a read-only file system or a directory the run may not write surface from safetensors,

@@ -1,7 +1,7 @@
 """The parts a training run is built from, each from its `Config`: the model (optionally LoRA), the sampler, the
 agent, the rollout collector and its questions, the optimizer.
 
-`algos.run.TrainingRun` calls these in its constructor, in this order; the env, agent and sampler packages are
+`training_run.TrainingRun` calls these in its constructor, in this order; the env, agent and sampler packages are
 imported when a part is built, so importing this module loads none of them.
 """
 
@@ -171,5 +171,5 @@ def training_indices(config: Config, size: int) -> range:
 
 def validation_indices(config: Config, size: int) -> range:
     """The last ``validation_questions`` of a `size`-question training split: held out of training, they choose
-    the final model among the kept checkpoints (`algos.evaluation.select_checkpoint`)."""
+    the final model among the kept checkpoints (`algos.run.evaluation.select_checkpoint`)."""
     return range(max(0, size - config.validation_questions), size)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.first_search runs/red/eval.json [benchmarks/results/compare-cpu-flat/evals/*.json ...]
 
-The main job writes the split of its trained model under its before/after table (`algos.evaluation.before_after`).
+The main job writes the split of its trained model under its before/after table (`algos.run.evaluation.before_after`).
 
 A trained agent's first query is the question itself (as the oracle's demonstrations teach). For each held-out
 question this replays that one search in the evaluation's own env settings (retriever, top-k, passage words) and

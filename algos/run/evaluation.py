@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer(Protocol):
-    """What the scoring reads of a run (`algos.run.TrainingRun` is one): stated here rather than imported, so that
+    """What the scoring reads of a run (`training_run.TrainingRun` is one): stated here rather than imported, so that
     the run, which calls this module, and this module do not depend on each other."""
 
     config: Any
@@ -187,7 +187,7 @@ def _starting_model_cache(config: Any) -> Path:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    from algos.checkpoint import write_text_atomic
+    from algos.checkpoints.store import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(value, ensure_ascii=False))
@@ -197,7 +197,7 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     """Score the trainer's current model and the model it started from on the held-out questions.
 
     Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the before/after table,
-    then the trained model's first-search split, `algos.first_search`) into the run directory. Under data
+    then the trained model's first-search split, `algos.run.first_search`) into the run directory. Under data
     parallelism every rank scores its share of the questions and rank 0 alone writes (the other ranks return an
     empty dict).
 
@@ -225,11 +225,11 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
         after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
     if not main:  # data-parallel ranks besides 0 scored their share and write nothing
         return {}
-    from algos.first_search import split_tables
+    from algos.run.first_search import split_tables
 
     reading, numbers = split_tables({"after (trained)": after})  # retrieval only: the first queries replayed
     table = (
-        f"{format_before_after(before, after, config)}\n\nReading or searching (`algos.first_search`): does the "
+        f"{format_before_after(before, after, config)}\n\nReading or searching (`algos.run.first_search`): does the "
         f"question itself, as the first query, show a gold answer?\n\n{reading}"
     )
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
@@ -368,7 +368,7 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
     import time
 
     from algos import distributed
-    from algos.checkpoint import complete_checkpoints
+    from algos.checkpoints.store import complete_checkpoints
 
     start = time.perf_counter()
     config = trainer.config

@@ -173,8 +173,8 @@ def model_card(
     Args:
         config: the run's `Config`.
         steps: the training steps the run took.
-        evaluation: `algos.evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
-        validation: `algos.evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
+        evaluation: `evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
+        validation: `evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
     """
     algo = _ALGO_NAMES.get(config.algo, config.algo)
     base = base_model_id(config)
@@ -325,8 +325,8 @@ def wandb_outputs(
 
     Args:
         wandb: the `wandb` module (its Table and Image types).
-        evaluation: `algos.evaluation.before_after`'s result, or None.
-        validation: `algos.evaluation.select_checkpoint`'s result, or None.
+        evaluation: `evaluation.before_after`'s result, or None.
+        validation: `evaluation.select_checkpoint`'s result, or None.
         curves: the learning-curve PNG, or None.
     """
     payload: dict[str, Any] = {}

@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from algos.atomic_files import file_entry, fsync_dir, fsync_file, write_json, write_text_atomic
+from algos.checkpoints.atomic import file_entry, fsync_dir, fsync_file, write_json, write_text_atomic
 
 __all__ = [
     "LATEST_FILE",
@@ -157,7 +157,7 @@ def commit(
         payload: What state.json holds.
         known: Manifest entries computed already (by the ranks that wrote those files); the rest are computed here.
         keep: Keep this many newest checkpoints.
-        before_commit: Test hook, see `algos.checkpoint.save_checkpoint`.
+        before_commit: Test hook, see `algos.checkpoints.store.save_checkpoint`.
     """
     write_json(tmp / STATE_FILE, payload)
     files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file() and p != tmp / MANIFEST_FILE)

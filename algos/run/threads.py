@@ -1,6 +1,6 @@
 """CPU threads for torch at the start of a run: the requested count, or the cores other processes leave idle.
 
-A run decides again between steps from longer windows (`algos.run_control.TorchThreads`); these helpers give the
+A run decides again between steps from longer windows (`algos.run.control.TorchThreads`); these helpers give the
 count at start and measure what other processes keep busy now.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from algos import run_control
+from algos.run import control as run_control
 
 __all__ = ["busy_cores", "cpu_threads"]
 

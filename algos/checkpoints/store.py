@@ -1,7 +1,7 @@
 """Crash-safe training checkpoints: everything needed to continue a run exactly, written atomically.
 
 Under ``<run_dir>/checkpoints``, one process and DDP write whole tensors, rank 0 alone (`save_checkpoint`); under
-FSDP with several ranks each rank writes its own shards (`algos.sharded_checkpoint`):
+FSDP with several ranks each rank writes its own shards (`algos.checkpoints.sharded`):
 
     step_000050/
         weights.safetensors    trainable parameters (the whole model, or only the LoRA adapter)
@@ -12,9 +12,9 @@ FSDP with several ranks each rank writes its own shards (`algos.sharded_checkpoi
         manifest.json          every other file of the directory with its size and SHA-256 digest; written last
     latest                     text file naming the newest complete checkpoint directory
 
-A checkpoint is written into a temporary directory and renamed into place (`algos.checkpoint_files`); a write
+A checkpoint is written into a temporary directory and renamed into place (`algos.checkpoints.files`); a write
 fault raises one `CheckpointWriteError` and leaves the previous checkpoint and ``latest`` untouched
-(`algos.atomic_files`). Loading verifies the manifest (`checkpoint_problem`: a torn write, bytes damaged after
+(`algos.checkpoints.atomic`). Loading verifies the manifest (`checkpoint_problem`: a torn write, bytes damaged after
 the fact, an edited state.json, a missing shard) and falls back to the newest complete checkpoint when
 ``latest`` points at a missing or damaged one. Checkpoints written before manifest.json existed carry their
 manifest inside state.json, which it does not cover; they still load, verified as they were then. Only the
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from algos.atomic_files import (
+from algos.checkpoints.atomic import (
     CheckpointWriteError,
     fsync_file,
     sha256,
@@ -44,7 +44,7 @@ from algos.atomic_files import (
     write_text_atomic,
     writing,
 )
-from algos.checkpoint_files import (
+from algos.checkpoints.files import (
     LATEST_FILE,
     MANIFEST_FILE,
     SHARDS_DIR,
@@ -59,7 +59,7 @@ from algos.checkpoint_files import (
     step_dir_name,
     step_dirs,
 )
-from algos.sharded_checkpoint import load_sharded_tensors, save_sharded_checkpoint, sharded_keys
+from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint, sharded_keys
 
 logger = logging.getLogger(__name__)
 

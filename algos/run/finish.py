@@ -1,10 +1,10 @@
 """The end of a training run: the final model in Hugging Face format, what is published with it, the summary.
 
-`RunFinish` is a base of `algos.run.TrainingRun`; its methods use the run's attributes (``config``, ``policy``,
+`RunFinish` is a base of `training_run.TrainingRun`; its methods use the run's attributes (``config``, ``policy``,
 ``tokenizer``, ``world``, ``step``, ...). ``final/`` is written atomically by rank 0 (LoRA merged in; under
 ``--fsdp`` the whole weights are gathered first); `RunFinish.publish` adds the model card with the held-out
-table, the run config, the end-of-run wandb tables and the ``--push-to-hub`` upload (`algos.outputs`);
-`print_summary` prints the summary that `algos.run.TrainingRun.train` returns.
+table, the run config, the end-of-run wandb tables and the ``--push-to-hub`` upload (`algos.run.outputs`);
+`print_summary` prints the summary that `algos.run.training_run.TrainingRun.train` returns.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from algos import distributed, outputs
-from algos.checkpoint import writing
+from algos import distributed
+from algos.checkpoints.store import writing
+from algos.run import outputs
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ __all__ = ["RunFinish", "print_summary"]
 
 
 class RunFinish:
-    """The final model, its publication and the summary of a `algos.run.TrainingRun` (a base class of it)."""
+    """The final model, its publication and the summary of a `training_run.TrainingRun` (a base class of it)."""
 
     def save_final_model(self) -> Path | None:
         """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically.

@@ -1,0 +1,14 @@
+"""The run around an algorithm: from the command line to the final model and its held-out score.
+
+- `cli` parses the command line into a `algos.config.Config`; `launch` is every entry point's `main` (exit
+  statuses, one-line faults, signals);
+- `training_run.TrainingRun` is the trainers' base class: setup (`setup`), the steps, metrics and wandb;
+  its bases keep checkpoints and resume (`checkpointing`) and finish the run (`finish`, `outputs`);
+- `control` watches the run from outside the step (signals, the training-time budget, the run directory's owner,
+  torch threads: `threads`), `memory` refuses a run that cannot fit before it starts, `logs` sets up logging;
+- `evaluation` scores the model before and after training; `first_search` splits a score into reading and
+  searching.
+
+The algorithm itself (`algos.trainer.Trainer.train_step` and the losses) stays one level up; the files a
+checkpoint is made of are `algos.checkpoints`.
+"""
