@@ -358,8 +358,8 @@ def evaluate_run(
     with claimed(out_dir, lock=f".{name}.lock", doing=f"evaluated ({name})"):
         if target.exists():  # scored by another invocation just before this one took the claim
             return json.loads(target.read_text())
-        held_out = dataclasses.replace(
-            config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
+        held_out = config.with_values(
+            eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
         )
         result = score_held_out(model, held_out, max_error_rate=max_error_rate)
         tmp = target.with_suffix(".tmp")

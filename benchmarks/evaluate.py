@@ -115,15 +115,16 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
         agent, env_id, env_kwargs, questions, max_new_tokens, max_context_tokens, eval_batch_size and eval_split:
         the env exactly as `Config.env_id` and `Config.env_kwargs` build it, on the held-out split.
     """
-    import dataclasses
 
     from algos.config import Config
     from algos.run.cli import load_config_file
     from algos.run.evaluation import held_out_settings
 
-    config = dataclasses.replace(Config(), **{**load_config_file(config_file), **overrides})
+    config = Config().with_values(**{**load_config_file(config_file), **overrides})
     settings = held_out_settings(config)
-    settings.update(env_id=config.env_id, eval_batch_size=config.eval_batch_size, eval_split=config.eval_split)
+    settings.update(
+        env_id=config.env.env_id, eval_batch_size=config.run.eval_batch_size, eval_split=config.run.eval_split
+    )
     return settings
 
 

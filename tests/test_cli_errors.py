@@ -131,7 +131,7 @@ def test_a_model_that_cannot_load_or_a_lora_target_it_lacks_is_refused_before_an
 
 def test_lora_targets_are_checked_against_the_model_s_own_layers(capsys):
     config = parse_config(["--preset", "tiny", "--lora", "--lora-target-modules", "q_proj", "mlp.up_proj"], algo="grpo")
-    assert config.lora_target_modules == ("q_proj", "mlp.up_proj")
+    assert config.model.lora_target_modules == ("q_proj", "mlp.up_proj")
     err = _refused(["--lora", "--lora-target-modules", "mlp"], capsys)  # a block, not a layer LoRA adapts
     assert "its layers: down_proj, embed_tokens, gate_proj" in err, err
 
@@ -337,8 +337,8 @@ def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
 
     saved = preset_config("cpu", lr=5e-5, adam_betas=(0.9, 0.95), tree_branch_turns=(1,), eval_data_path=None)
     path = tmp_path / "redcoda_config.json"
-    path.write_text(json.dumps(dataclasses.asdict(saved)))
-    assert dataclasses.replace(saved, **load_config_file(path)) == saved
+    path.write_text(json.dumps(saved.flat()))
+    assert saved.with_values(**load_config_file(path)) == saved
 
 
 def test_a_question_longer_than_the_context_is_refused_naming_the_file_and_its_place(tmp_path, capsys):

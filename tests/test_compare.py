@@ -304,10 +304,10 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     args = sft[3:]
     config = parse_config(args, algo="sft", **sft_defaults(args))
     rl_config = parse_config(rl[3:], algo="grpo_sft")
-    assert config.algo == "sft" and config.model == "M" and config.seed == 1
-    assert (config.steps, config.max_train_minutes) == (rl_config.steps, rl_config.max_train_minutes)
-    assert config.steps == budget.steps_for("flat")
-    assert config.sft_coef == 1.0  # SFT alone: its loss is the whole objective
+    assert config.run.algo == "sft" and config.model.model == "M" and config.run.seed == 1
+    assert (config.optim.steps, config.optim.max_train_minutes) == (rl_config.steps, rl_config.max_train_minutes)
+    assert config.optim.steps == budget.steps_for("flat")
+    assert config.sft.sft_coef == 1.0  # SFT alone: its loss is the whole objective
     variant = train_command("sft", 1, budget, "flat", run_dir, flags=("--lr", "5e-5"))
     assert parse_config(variant[3:], algo="sft", **sft_defaults(variant[3:])).lr == 5e-5  # the system's flags decide
 
