@@ -49,7 +49,16 @@ from algos.settings import (
     SFTSettings,
 )
 
-__all__ = ["QUERY_REWRITE_ENV", "VALIDATE_ON_INIT", "AlgoName", "Config", "PresetName", "preset_config"]
+__all__ = [
+    "QUERY_REWRITE_ENV",
+    "VALIDATE_ON_INIT",
+    "AlgoName",
+    "Config",
+    "PresetName",
+    "argv_preset",
+    "default_preset",
+    "preset_config",
+]
 
 QUERY_REWRITE_ENV = "RedCoda-QueryRewrite-v0"
 
@@ -154,22 +163,22 @@ class Config:
             words = instruction_words(self.env.protocol, self.env.instructions)
             if self.model.max_context_tokens < words + self.rl.max_new_tokens:
                 raise ValueError(
-                    f"--max-context-tokens must be at least {words + self.rl.max_new_tokens} (the {self.env.instructions} "
-                    f"instructions and a one-word question are at least {words} tokens, plus --max-new-tokens "
-                    f"{self.rl.max_new_tokens} for a turn), got {self.model.max_context_tokens}"
+                    f"--max-context-tokens must be at least {words + self.rl.max_new_tokens} "
+                    f"(the {self.env.instructions} instructions and a one-word question are at least {words} tokens, "
+                    f"plus --max-new-tokens {self.rl.max_new_tokens} for a turn), got {self.model.max_context_tokens}"
                 )
         if self.rl.rollout == "tree":
             per_tree, rest = divmod(self.rl.group_size, self.rl.tree_roots)
             if rest or per_tree < 1 + self.rl.tree_branches or (per_tree - 1) % self.rl.tree_branches:
                 raise ValueError(
-                    f"--rollout tree: --group-size ({self.rl.group_size}) must be --tree-roots ({self.rl.tree_roots}) x "
-                    f"(1 + rounds x --tree-branches ({self.rl.tree_branches})) with at least one round, e.g. "
-                    f"{self.rl.tree_roots * (1 + self.rl.tree_branches)}"
+                    f"--rollout tree: --group-size ({self.rl.group_size}) must be "
+                    f"--tree-roots ({self.rl.tree_roots}) x (1 + rounds x --tree-branches ({self.rl.tree_branches})) "
+                    f"with at least one round, e.g. {self.rl.tree_roots * (1 + self.rl.tree_branches)}"
                 )
         if self.run.algo in ("grpo", "grpo_sft", "red_grpo", "grpo_expert") and self.rl.group_size < 2:
             raise ValueError(
-                f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} (GRPO's advantages compare the "
-                "episodes of a group: with one episode every advantage is 0)"
+                f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} "
+                "(GRPO's advantages compare the episodes of a group: with one episode every advantage is 0)"
             )
         if self.rl.tie_probe_questions is not None and self.rl.tie_probe_questions > self.rl.questions_per_step:
             raise ValueError(

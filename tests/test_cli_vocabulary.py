@@ -19,7 +19,7 @@ def test_a_config_file_applies_after_the_preset_and_before_the_flags(tmp_path):
     path.write_text("lr: 0.0003\nsteps: 7\ntop_k: 5\nlora_target_modules: [q_proj, v_proj]\n")
     config = parse_config(["--preset", "tiny", "--config", str(path), "--steps", "3"], algo="red_grpo")
     assert (config.run.preset, config.optim.lr, config.env.top_k, config.optim.steps) == ("tiny", 0.0003, 5, 3)
-    assert config.rl.max_new_tokens == preset_config("tiny").max_new_tokens  # the preset's, the file names none
+    assert config.rl.max_new_tokens == preset_config("tiny").rl.max_new_tokens  # the preset's, the file names none
     assert config.model.lora_target_modules == ("q_proj", "v_proj")
 
 

@@ -74,7 +74,7 @@ _LABELS = {
 def held_out_settings(config: Any) -> dict[str, Any]:
     """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key.
 
-    The env is the run's own (`Config.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
+    The env is the run's own (`EnvSettings.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
     training ones: ``eval_data_path``, else the bundled ``eval_split``.
     """
     env_kwargs = {**config.env_kwargs, "split": config.run.eval_split}
@@ -94,7 +94,7 @@ def held_out_settings(config: Any) -> dict[str, Any]:
 
 def validation_settings(config: Any, questions: Sequence[int]) -> dict[str, Any]:
     """`held_out_settings` for the validation questions: `questions` of the training split itself (the ones
-    `Config.validation_questions` holds out of training), in the training env unchanged."""
+    `RunSettings.validation_questions` holds out of training), in the training env unchanged."""
     return {
         **held_out_settings(config),
         "env_kwargs": dict(config.env_kwargs),
@@ -127,7 +127,7 @@ def score_held_out(
     Raises:
         agents.evaluation.EvaluationFailed: more than `max_error_rate` of the episodes errored (on every rank).
     """
-    from agents.evaluation import MAX_ERROR_RATE, check_errors, error_counts, evaluate
+    from agents.evaluation import check_errors, error_counts, evaluate
     from algos import distributed
 
     if validation is None:  # the held-out split's first N questions (as many as it has)
@@ -158,7 +158,7 @@ def score_held_out(
         result["n"] = len(result["predictions"])
     result["errors"] = error_counts(result["predictions"])
     if max_error_rate is None:
-        max_error_rate = getattr(config, "max_eval_error_rate", MAX_ERROR_RATE)
+        max_error_rate = config.run.max_eval_error_rate
     check_errors(result["errors"], max_error_rate)
     if label is not None:
         result["model"] = label
@@ -249,8 +249,8 @@ def format_before_after(before: dict[str, Any], after: dict[str, Any], config: A
 
     names = [m for m in TABLE_METRICS if m in after["metrics"] and m in before["metrics"]]
     lines = [
-        f"Held-out: {after['n']} {config.run.eval_split} questions, greedy, {held_out_settings(config)['agent']} agent, "
-        "training env settings.",
+        f"Held-out: {after['n']} {config.run.eval_split} questions, greedy, "
+        f"{held_out_settings(config)['agent']} agent, training env settings.",
         "",
         "| model | " + " | ".join(_LABELS[m] for m in names) + " |",
         "|---|" + "---|" * len(names),

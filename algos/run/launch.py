@@ -125,8 +125,8 @@ def _exit_if_timed_out(err: RuntimeError, config: Config) -> None:
     distributed.shutdown()
     _exit_with(
         TimeoutError(
-            f"a collective operation waited more than --dist-timeout-seconds {config.run.dist_timeout_seconds:g} for the "
-            f"other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
+            f"a collective operation waited more than --dist-timeout-seconds {config.run.dist_timeout_seconds:g} "
+            f"for the other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
         ),
         1,
     )

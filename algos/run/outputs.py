@@ -184,6 +184,7 @@ def model_card(
         from huggingface_hub import ModelCard
     except ImportError as err:
         raise ImportError("the model card needs huggingface_hub: pip install 'redcoda[train]'") from err
+    protocol, env_id = config.env.protocol, config.env.env_id
     lines = [
         "---",
         _card_data(config, base, evaluation).to_yaml(),
@@ -192,8 +193,8 @@ def model_card(
         f"# {config.run.name}",
         "",
         f"A search agent trained with RedCoda's {algo}, starting from {started}: it answers multi-hop questions by",
-        f"writing `<search>` queries to a retriever and reading the passages it gets back ({config.env.protocol} protocol,",
-        f"env `{config.env.env_id}`), then `<answer>`. {steps} training steps.",
+        f"writing `<search>` queries to a retriever and reading the passages it gets back ({protocol} protocol,",
+        f"env `{env_id}`), then `<answer>`. {steps} training steps.",
         "",
         "## Training",
         "",

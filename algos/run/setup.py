@@ -144,7 +144,8 @@ def check_question_lengths(config: Config, env: Any) -> None:
         if words > room:
             raise DataError(
                 f"{env.data_file}: question {i + 1} ({example.id}) is {words} words, more than a context holds with "
-                f"a turn (--max-context-tokens {config.model.max_context_tokens}, --max-new-tokens {config.rl.max_new_tokens})"
+                f"a turn (--max-context-tokens {config.model.max_context_tokens}, "
+                f"--max-new-tokens {config.rl.max_new_tokens})"
             )
 
 

@@ -346,8 +346,9 @@ class TrainingRun(RunCheckpoints, RunFinish):
         if "lora" in saved and bool(saved["lora"]) != self.config.model.lora:  # its weights would not fit the policy
             trained = {True: "a LoRA adapter (--lora)", False: "every weight (no --lora)"}
             raise DataError(
-                f"--resume: {latest} trained {trained[bool(saved['lora'])]}, this run {trained[self.config.model.lora]}: "
-                "resume with the checkpoint's setting, or start a new run in another --run-dir"
+                f"--resume: {latest} trained {trained[bool(saved['lora'])]}, "
+                f"this run {trained[self.config.model.lora]}: resume with the checkpoint's setting, or start a new run "
+                "in another --run-dir"
             )
         return latest
 
