@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -103,7 +102,7 @@ def parse_system(spec: str) -> System:
         from algos.expert_groups import ExpertConfig
 
         config_cls = ExpertConfig
-    types = {f.name: f.type for f in dataclasses.fields(config_cls)}
+    types = config_cls.flat_types()
     flags: list[str] = []
     for setting in filter(None, settings.split(",")):
         key, sep, value = setting.partition("=")
