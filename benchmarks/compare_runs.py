@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -103,7 +102,7 @@ def parse_system(spec: str) -> System:
         from algos.expert_groups import ExpertConfig
 
         config_cls = ExpertConfig
-    types = {f.name: f.type for f in dataclasses.fields(config_cls)}
+    types = config_cls.flat_types()
     flags: list[str] = []
     for setting in filter(None, settings.split(",")):
         key, sep, value = setting.partition("=")
@@ -358,8 +357,8 @@ def evaluate_run(
     with claimed(out_dir, lock=f".{name}.lock", doing=f"evaluated ({name})"):
         if target.exists():  # scored by another invocation just before this one took the claim
             return json.loads(target.read_text())
-        held_out = dataclasses.replace(
-            config, eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
+        held_out = config.with_values(
+            eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
         )
         result = score_held_out(model, held_out, max_error_rate=max_error_rate)
         tmp = target.with_suffix(".tmp")

@@ -13,7 +13,7 @@ Every env setting the trainer takes is a flag here too, with the trainer's name 
 files, retriever or server URL, top_k, passage words, --max-search-turns, --max-planner-turns, protocol,
 instructions, observation format, --question-after-results, the agent's context length, --eval-batch-size), so
 a model can be scored on a user's own data. ``--run-dir DIR`` (or ``--config DIR/redcoda_config.json``) reads a
-trained run's saved config and scores its final/ model in exactly the env it trained in (`Config.env_id`,
+trained run's saved config and scores its final/ model in exactly the env it trained in (`EnvSettings.env_id`,
 `Config.env_kwargs`, on its held-out split), as the run's own evaluation did; env flags given with it replace
 single settings. The names of earlier versions (``--batch``, ``--max-turns``: turns per episode,
 ``--max-executor-turns``) still work.
@@ -113,17 +113,18 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
 
     Returns:
         agent, env_id, env_kwargs, questions, max_new_tokens, max_context_tokens, eval_batch_size and eval_split:
-        the env exactly as `Config.env_id` and `Config.env_kwargs` build it, on the held-out split.
+        the env exactly as `EnvSettings.env_id` and `Config.env_kwargs` build it, on the held-out split.
     """
-    import dataclasses
 
     from algos.config import Config
     from algos.run.cli import load_config_file
     from algos.run.evaluation import held_out_settings
 
-    config = dataclasses.replace(Config(), **{**load_config_file(config_file), **overrides})
+    config = Config().with_values(**{**load_config_file(config_file), **overrides})
     settings = held_out_settings(config)
-    settings.update(env_id=config.env_id, eval_batch_size=config.eval_batch_size, eval_split=config.eval_split)
+    settings.update(
+        env_id=config.env.env_id, eval_batch_size=config.run.eval_batch_size, eval_split=config.run.eval_split
+    )
     return settings
 
 

@@ -24,7 +24,6 @@ The targets are about full-gradient passes (``--context-grad``); the gradient th
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shutil
@@ -193,14 +192,16 @@ def measure(config: Config, repeats: int) -> Measured:
         sft_lengths: list[list[int]] = []
         if "loss_sft" in metrics:
             sft = trainer.sft_minibatch(trainer.step - 1)
-            batches.append((sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.micro_batch_tokens)))
+            batches.append(
+                (sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.optim.micro_batch_tokens))
+            )
             demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
             sft_lengths = [[demo_lengths[i] for i in trainer.sft_indices(step)] for step in range(SFT_STEPS)]
-        sft_coef = metrics.get("sft/weight", 1.0) * config.sft_coef
+        sft_coef = metrics.get("sft/weight", 1.0) * config.sft.sft_coef
         peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
-        full, narrow = dataclasses.replace(config, context_grad=True), dataclasses.replace(config, context_grad=False)
+        full, narrow = config.with_values(context_grad=True), config.with_values(context_grad=False)
         seconds: dict[str, list[float]] = {"bare": [], "trainer": [], "earlier": [], "narrow": []}
-        seconds["trainer" if config.context_grad else "narrow"].append(metrics["time/forward_backward"])
+        seconds["trainer" if config.optim.context_grad else "narrow"].append(metrics["time/forward_backward"])
         for _ in range(repeats):
             bare, bare_tokens = bare_forward_backward(trainer, batches)
             seconds["bare"].append(bare)
@@ -226,7 +227,7 @@ def summarise(config: Config, measured: Measured, repeats: int) -> dict[str, Any
     trainer_seconds = min(seconds["trainer"])
     trainer_tps = metrics["tokens/trained"] / trainer_seconds
     bare_tps = measured.bare_tokens / min(seconds["bare"])
-    budget = config.micro_batch_tokens
+    budget = config.optim.micro_batch_tokens
     padding = {
         "rl": padding_of(measured.rl_lengths, budget, 0.05),
         "rl_earlier": padding_of(measured.rl_lengths, budget, 1.0),
@@ -241,10 +242,10 @@ def summarise(config: Config, measured: Measured, repeats: int) -> dict[str, Any
         }
     return {
         "device": measured.device,
-        "model": config.model or "SmolLM2-135M-Instruct",
-        "preset": config.preset,
-        "questions_per_step": config.questions_per_step,
-        "group_size": config.group_size,
+        "model": config.model.model or "SmolLM2-135M-Instruct",
+        "preset": config.run.preset,
+        "questions_per_step": config.rl.questions_per_step,
+        "group_size": config.rl.group_size,
         "contexts": measured.contexts,
         "tokens_sampled": metrics["tokens/sampled"],
         "tokens_trained": metrics["tokens/trained"],
@@ -272,8 +273,8 @@ def print_split(config: Config, result: dict[str, Any], metrics: dict[str, float
     step = metrics["time/step"]
     trainer_seconds, narrow_seconds = result["trainer_fwd_bwd_seconds"], result["no_context_grad_fwd_bwd_seconds"]
     print(
-        f"train step on {result['device']}: {result['model']}, preset {config.preset}, "
-        f"{config.questions_per_step} questions x {config.group_size} episodes = {result['contexts']} contexts, "
+        f"train step on {result['device']}: {result['model']}, preset {config.run.preset}, "
+        f"{config.rl.questions_per_step} questions x {config.rl.group_size} episodes = {result['contexts']} contexts, "
         f"{result['tokens_sampled']} sampled tokens, {result['tokens_trained']} trained tokens (RL + SFT)"
     )
     print(f"{'part':<28}{'seconds':>10}{'share':>9}")
@@ -336,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     own, argv = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     config = parse_config(argv, algo="red_grpo", description=__doc__)
     run_dir = tempfile.mkdtemp(prefix="train-step-bench-")
-    config = dataclasses.replace(
-        config, steps=2, save_every=0, run_dir=run_dir, wandb=False, progress=False, skip_zero_advantage=False
+    config = config.with_values(
+        steps=2, save_every=0, run_dir=run_dir, wandb=False, progress=False, skip_zero_advantage=False
     )
     try:
         measured = measure(config, own.repeats)

@@ -214,8 +214,8 @@ def red_grpo(run_dir: Path) -> None:
 def red_grpo_resumed(run_dir: Path) -> None:
     """GRPO + RED: 1 step, stop, then --resume to step 2 (the weight average resumes too)."""
     config = red_grpo_config(run_dir)
-    _train(RankDraws(dataclasses.replace(config, steps=1)))
-    _train(RankDraws(dataclasses.replace(config, resume=True)))
+    _train(RankDraws(config.with_values(steps=1)))
+    _train(RankDraws(config.with_values(resume=True)))
 
 
 def red_grpo_step1(run_dir: Path) -> None:
@@ -243,13 +243,13 @@ def red_grpo_fsdp_resumed(run_dir: Path) -> None:
     """`red_grpo_resumed` with the model sharded (``--fsdp``); the run directory after step 1 is kept as
     ``<run_dir>_step1``, for a resume by another number of processes."""
     config = red_grpo_config(run_dir, fsdp=True)
-    _train(RankDraws(dataclasses.replace(config, steps=1)))
+    _train(RankDraws(config.with_values(steps=1)))
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
         shutil.copytree(run_dir, run_dir.with_name(run_dir.name + "_step1"))
     dist.barrier()
-    _train(RankDraws(dataclasses.replace(config, resume=True)))
+    _train(RankDraws(config.with_values(resume=True)))
 
 
 def red_grpo_plain_to_fsdp(run_dir: Path) -> None:

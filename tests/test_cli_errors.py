@@ -4,7 +4,6 @@ with other weights than the checkpoint's, and the retrieval server's own command
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -45,15 +44,13 @@ def _refused(argv: list[str], capsys) -> str:
 # --- settings ------------------------------------------------------------------------------------------------------
 def _float_fields() -> list[tuple[str, int]]:
     """Every float setting of `Config` as (flag, how many numbers it takes)."""
-    hints = typing.get_type_hints(Config)
     out = []
-    for field in dataclasses.fields(Config):
-        hint = hints[field.name]
+    for name, hint in Config.flat_types().items():
         args = typing.get_args(hint)
         if hint is float or (float in args and type(None) in args):
-            out.append((f"--{field.name.replace('_', '-')}", 1))
+            out.append((f"--{name.replace('_', '-')}", 1))
         elif typing.get_origin(hint) is tuple and args and all(a is float for a in args):
-            out.append((f"--{field.name.replace('_', '-')}", len(args)))
+            out.append((f"--{name.replace('_', '-')}", len(args)))
     return out
 
 
@@ -131,7 +128,7 @@ def test_a_model_that_cannot_load_or_a_lora_target_it_lacks_is_refused_before_an
 
 def test_lora_targets_are_checked_against_the_model_s_own_layers(capsys):
     config = parse_config(["--preset", "tiny", "--lora", "--lora-target-modules", "q_proj", "mlp.up_proj"], algo="grpo")
-    assert config.lora_target_modules == ("q_proj", "mlp.up_proj")
+    assert config.model.lora_target_modules == ("q_proj", "mlp.up_proj")
     err = _refused(["--lora", "--lora-target-modules", "mlp"], capsys)  # a block, not a layer LoRA adapts
     assert "its layers: down_proj, embed_tokens, gate_proj" in err, err
 
@@ -140,7 +137,7 @@ def test_server_urls_and_every_retriever_kind_pass():
     from retrievers.factory import RETRIEVER_KINDS
 
     for retriever in (*RETRIEVER_KINDS, "http://127.0.0.1:8000", "https://search.example.org/retrieve"):
-        assert parse_config(["--preset", "tiny", "--retriever", retriever], algo="grpo").retriever == retriever
+        assert parse_config(["--preset", "tiny", "--retriever", retriever], algo="grpo").env.retriever == retriever
 
 
 def test_a_context_too_small_for_the_demonstrations_is_refused_at_start_with_the_length_that_fits(tmp_path, capsys):
@@ -255,7 +252,7 @@ def test_resuming_with_other_settings_or_another_algorithm_is_refused_in_one_lin
         line = _one_line(capsys.readouterr().err)
         assert line.startswith(start), line
         assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1  # nothing of the refused run written
-    assert "(--group-size 2 -> 3, --lr 0.001 -> 0.5);" in _one_line(
+    assert "(--lr 0.001 -> 0.5, --group-size 2 -> 3);" in _one_line(  # in the sections' order
         _refused_run(grpo.main, [*flags, "--steps", "2", "--resume", "--lr", "0.5", "--group-size", "3"], capsys)
     )
     line = _one_line(
@@ -337,8 +334,8 @@ def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
 
     saved = preset_config("cpu", lr=5e-5, adam_betas=(0.9, 0.95), tree_branch_turns=(1,), eval_data_path=None)
     path = tmp_path / "redcoda_config.json"
-    path.write_text(json.dumps(dataclasses.asdict(saved)))
-    assert dataclasses.replace(saved, **load_config_file(path)) == saved
+    path.write_text(json.dumps(saved.flat()))
+    assert saved.with_values(**load_config_file(path)) == saved
 
 
 def test_a_question_longer_than_the_context_is_refused_naming_the_file_and_its_place(tmp_path, capsys):

@@ -18,9 +18,9 @@ def test_a_config_file_applies_after_the_preset_and_before_the_flags(tmp_path):
     path = tmp_path / "settings.yaml"
     path.write_text("lr: 0.0003\nsteps: 7\ntop_k: 5\nlora_target_modules: [q_proj, v_proj]\n")
     config = parse_config(["--preset", "tiny", "--config", str(path), "--steps", "3"], algo="red_grpo")
-    assert (config.preset, config.lr, config.top_k, config.steps) == ("tiny", 0.0003, 5, 3)
-    assert config.max_new_tokens == preset_config("tiny").max_new_tokens  # the preset's, the file names none
-    assert config.lora_target_modules == ("q_proj", "v_proj")
+    assert (config.run.preset, config.optim.lr, config.env.top_k, config.optim.steps) == ("tiny", 0.0003, 5, 3)
+    assert config.rl.max_new_tokens == preset_config("tiny").rl.max_new_tokens  # the preset's, the file names none
+    assert config.model.lora_target_modules == ("q_proj", "v_proj")
 
 
 def test_a_saved_run_config_reproduces_the_run(tmp_path):
@@ -40,8 +40,8 @@ def test_a_config_file_naming_no_setting_is_a_usage_error(tmp_path, capsys):
 def test_the_preset_chosen_by_hardware_is_announced(capsys):
     config = parse_config(["--steps", "3"], algo="red_grpo")
     reason = "a CUDA device is available" if default_preset() == "gpu" else "no CUDA device"
-    assert config.preset == default_preset()
-    assert f"preset {config.preset}: {reason}; pass --preset to choose" in capsys.readouterr().out
+    assert config.run.preset == default_preset()
+    assert f"preset {config.run.preset}: {reason}; pass --preset to choose" in capsys.readouterr().out
     parse_config(["--preset", "tiny"], algo="red_grpo")
     assert "preset" not in capsys.readouterr().out  # named: nothing to announce
 
@@ -67,7 +67,7 @@ def test_evaluate_rescores_a_run_in_its_training_env(tiny_run, capsys):
     result = evaluate_main(["--run-dir", str(run_dir), "--limit", "2", "--max-new-tokens", "4"])
     settings = held_out_settings(config)
     assert result["agent"] == settings["agent"] == "coda" and result["n"] == 2
-    assert result["env"] == {"id": config.env_id, "kwargs": settings["env_kwargs"]}
+    assert result["env"] == {"id": config.env.env_id, "kwargs": settings["env_kwargs"]}
     assert result["env"]["kwargs"]["question_after_results"] is True and result["model"].endswith("final")
 
 

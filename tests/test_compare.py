@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _trained_config(run_dir) -> Config:
     """The config a comparison run trained with, as its newest checkpoint recorded it (kept in summary.json)."""
     saved = json.loads((run_dir / "summary.json").read_text())["config"]
-    return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+    return Config().with_values(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
 
 
 def _scores(out, name) -> dict:
@@ -89,7 +89,7 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     # a finished run keeps its final model and drops its checkpoint (1.6 GB for SmolLM2-135M): nothing to resume
     assert (out / "runs" / "red_grpo-seed0" / "final" / "config.json").exists()
     assert not (out / "runs" / "red_grpo-seed0" / "checkpoints").exists()
-    assert _trained_config(out / "runs" / "red_grpo-seed0").keep_checkpoints == 1
+    assert _trained_config(out / "runs" / "red_grpo-seed0").run.keep_checkpoints == 1
 
     # a second invocation redoes nothing: finished trainings and evaluations are kept
     summary = out / "runs" / "grpo-seed1" / "summary.json"
@@ -115,15 +115,15 @@ def test_a_coda_comparison_evaluates_in_the_env_it_trained_in(tmp_path, monkeypa
     assert [row["algorithm"] for row in report["rows"]][:3] == ["grpo", "grpo_sft", "red_grpo"]
     assert {t["other"] for t in report["paired"]} == {"grpo", "grpo_sft", "start model"}
     trained = _trained_config(out / "runs" / "red_grpo-seed0")
-    assert trained.protocol == "coda"
+    assert trained.env.protocol == "coda"
     for name in ("grpo-seed0", "grpo_sft-seed0", "red_grpo-seed0", "untrained"):
         settings = json.loads((out / "evals" / f"{name}.json").read_text())["settings"]
         expected = held_out_settings(trained)
         assert settings["agent"] == "coda"
         assert settings["env_kwargs"] == expected["env_kwargs"]
-        assert settings["env_kwargs"]["max_executor_turns"] == trained.max_executor_turns
-        assert settings["max_context_tokens"] == trained.max_context_tokens
-        assert settings["max_new_tokens"] == trained.max_new_tokens
+        assert settings["env_kwargs"]["max_executor_turns"] == trained.env.max_executor_turns
+        assert settings["max_context_tokens"] == trained.model.max_context_tokens
+        assert settings["max_new_tokens"] == trained.rl.max_new_tokens
 
 
 def test_an_interrupted_run_continues_from_its_checkpoint(tmp_path, monkeypatch):
@@ -173,10 +173,10 @@ def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, mon
     assert (warm / "final" / "config.json").exists() and not (warm / "checkpoints").exists()
     assert not (warm / "eval.json").exists()  # scored once, as the baseline row
     variant = _trained_config(out / "runs" / "grpo_sft-sft_coef0.4-seed0")
-    assert variant.algo == "grpo_sft" and variant.sft_coef == 0.4
-    assert _trained_config(out / "runs" / "red_grpo-seed0").sft_coef != 0.4
+    assert variant.run.algo == "grpo_sft" and variant.sft.sft_coef == 0.4
+    assert _trained_config(out / "runs" / "red_grpo-seed0").sft.sft_coef != 0.4
     for run in ("red_grpo-seed0", "grpo_sft-sft_coef0.4-seed0"):
-        assert _trained_config(out / "runs" / run).model == str(warm / "final")
+        assert _trained_config(out / "runs" / run).model.model == str(warm / "final")
     table = (out / "table.md").read_text()
     assert str(warm / "final") in table  # the header names the start model
     assert "| grpo_sft:sft_coef=0.4 | 1 |" in table and "| red_grpo - grpo_sft:sft_coef=0.4 | f1 |" in table
@@ -304,12 +304,17 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     args = sft[3:]
     config = parse_config(args, algo="sft", **sft_defaults(args))
     rl_config = parse_config(rl[3:], algo="grpo_sft")
-    assert config.algo == "sft" and config.model == "M" and config.seed == 1
-    assert (config.steps, config.max_train_minutes) == (rl_config.steps, rl_config.max_train_minutes)
-    assert config.steps == budget.steps_for("flat")
-    assert config.sft_coef == 1.0  # SFT alone: its loss is the whole objective
+    assert config.run.algo == "sft" and config.model.model == "M" and config.run.seed == 1
+    assert (config.optim.steps, config.optim.max_train_minutes) == (
+        rl_config.optim.steps,
+        rl_config.optim.max_train_minutes,
+    )
+    assert config.optim.steps == budget.steps_for("flat")
+    assert config.sft.sft_coef == 1.0  # SFT alone: its loss is the whole objective
     variant = train_command("sft", 1, budget, "flat", run_dir, flags=("--lr", "5e-5"))
-    assert parse_config(variant[3:], algo="sft", **sft_defaults(variant[3:])).lr == 5e-5  # the system's flags decide
+    assert (
+        parse_config(variant[3:], algo="sft", **sft_defaults(variant[3:])).optim.lr == 5e-5
+    )  # the system's flags decide
 
 
 def test_the_pairing_takes_in_the_sft_arm():
@@ -344,8 +349,12 @@ def test_the_sft_arm_continues_the_warm_start_and_is_paired(tmp_path, monkeypatc
     report = main([*argv, "--out", str(out)])
     warm = out / "runs" / "warm-start"
     sft, red = _trained_config(out / "runs" / "sft-lr5e-5-seed0"), _trained_config(out / "runs" / "red_grpo-seed0")
-    assert sft.algo == "sft" and sft.lr == 5e-5 and sft.model == red.model == str(warm / "final")
-    assert sft.steps == red.steps == len((out / "runs" / "sft-lr5e-5-seed0" / "metrics.jsonl").read_text().splitlines())
+    assert sft.run.algo == "sft" and sft.optim.lr == 5e-5 and sft.model.model == red.model.model == str(warm / "final")
+    assert (
+        sft.optim.steps
+        == red.optim.steps
+        == len((out / "runs" / "sft-lr5e-5-seed0" / "metrics.jsonl").read_text().splitlines())
+    )
     assert _per_question(out, "sft-lr5e-5-seed0", "f1").keys() == _per_question(out, "red_grpo-seed0", "f1").keys()
     assert [row["algorithm"] for row in report["rows"]] == systems
     assert {t["other"] for t in report["paired"]} == {"sft:lr=5e-5"}

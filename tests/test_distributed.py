@@ -147,7 +147,7 @@ def test_archer_refuses_data_parallel(monkeypatch):
         parse_config(["--preset", "tiny"], algo="archer", config_cls=ArCHerConfig)
     assert exit_info.value.code == 2
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert preset_config("tiny", ArCHerConfig, algo="archer").algo == "archer"
+    assert preset_config("tiny", ArCHerConfig, algo="archer").run.algo == "archer"
 
 
 def test_fsdp_refuses_lora():
@@ -159,7 +159,7 @@ def test_fsdp_refuses_no_context_grad(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="--fsdp with --no-context-grad"):
         preset_config("tiny", algo="grpo", fsdp=True, context_grad=False)
-    assert not preset_config("tiny", algo="grpo", context_grad=False).context_grad  # DDP takes it
+    assert not preset_config("tiny", algo="grpo", context_grad=False).optim.context_grad  # DDP takes it
 
 
 def test_global_whitening_equals_whitening_the_whole_batch():

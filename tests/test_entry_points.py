@@ -106,16 +106,16 @@ def test_the_warm_start_keeps_a_presets_own_step_size():
         return parse_config(list(args), algo="sft", **sft_defaults(args))
 
     gpu, cpu, flags = parse("--preset", "gpu"), parse("--preset", "cpu"), parse("--preset", "cpu", "--lr", "3e-5")
-    assert (gpu.lr, gpu.sft_batch_size, gpu.sft_coef) == (5e-5, 4, 1.0)
-    assert (cpu.lr, cpu.sft_batch_size, cpu.sft_coef) == (1e-4, 8, 1.0)
-    assert (flags.lr, flags.sft_batch_size) == (3e-5, 8)
+    assert (gpu.optim.lr, gpu.sft.sft_batch_size, gpu.sft.sft_coef) == (5e-5, 4, 1.0)
+    assert (cpu.optim.lr, cpu.sft.sft_batch_size, cpu.sft.sft_coef) == (1e-4, 8, 1.0)
+    assert (flags.optim.lr, flags.sft.sft_batch_size) == (3e-5, 8)
 
 
 def test_group_size_one_is_fine_without_groups():
     """PPO and ArCHer use a value baseline, not group statistics: one episode per question is their default."""
     from algos.config import preset_config
 
-    assert preset_config("tiny", algo="ppo", group_size=1).group_size == 1
+    assert preset_config("tiny", algo="ppo", group_size=1).rl.group_size == 1
     with pytest.raises(ValueError, match="--group-size must be >= 2 for grpo"):
         preset_config("tiny", algo="grpo", group_size=1)
 

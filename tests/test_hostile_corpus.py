@@ -134,7 +134,7 @@ def test_no_planner_demonstration_holds_passage_text(tagged_corpus, tokenizer):
             assert "FORGED" not in text and "<information>" not in text
             assert not (_shingles(_words(text)) - question) & passages, text
     assert planners >= len(trajectories)
-    demos = load_demonstrations(config, tokenizer, max_tokens=config.max_context_tokens)
+    demos = load_demonstrations(config, tokenizer, max_tokens=config.model.max_context_tokens)
     assert {"planner", "executor"} <= {d.role for d in demos}
 
 

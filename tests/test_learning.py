@@ -3,7 +3,6 @@ scoring the trained model and its starting model on held-out questions in the en
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -30,9 +29,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _greedy_first_actions(trainer: Trainer, indices: list[int]) -> list[dict]:
     """The infos of each question's first step when the trainer's policy acts greedily in the training env."""
     cfg = trainer.config
-    sampler = HFSampler(trainer.policy, trainer.tokenizer, max_context=cfg.max_context_tokens)
+    sampler = HFSampler(trainer.policy, trainer.tokenizer, max_context=cfg.model.max_context_tokens)
     agent = SearchR1Agent(sampler, SamplingParams(max_new_tokens=64, temperature=0.0))
-    env_list = [gym.make(cfg.env_id, **cfg.env_kwargs) for _ in indices]
+    env_list = [gym.make(cfg.env.env_id, **cfg.env_kwargs) for _ in indices]
     trajectories = agent.rollout(env_list, indices, seed=0)
     infos = []
     for env, trajectory in zip(env_list, trajectories, strict=True):  # replay the first action in a fresh episode
@@ -77,7 +76,7 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
         trainer.close()
     evaluation = summary["evaluation"]
     assert evaluation["settings"]["env_kwargs"] == {**config.env_kwargs, "split": "dev"}
-    assert evaluation["settings"]["max_new_tokens"] == config.max_new_tokens
+    assert evaluation["settings"]["max_new_tokens"] == config.rl.max_new_tokens
     for label in ("before", "after"):
         result = evaluation[label]
         assert result["n"] == 3 and [p["index"] for p in result["predictions"]] == [0, 1, 2]
@@ -85,7 +84,7 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
             interval = result["metrics"][name]
             assert interval["low"] <= interval["mean"] <= interval["high"] and interval["n"] == 3
         for prediction in result["predictions"]:  # the training env's turn limit, not the evaluator's default
-            assert prediction["num_actions"] <= config.max_turns
+            assert prediction["num_actions"] <= config.env.max_turns
     run = tmp_path / "run"
     assert "before (start)" in (run / "eval.md").read_text() and "after (trained)" in evaluation["table"]
     assert json.loads((run / "eval.json").read_text())["after"]["n"] == 3
@@ -102,7 +101,7 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
     stale = json.loads(cached[0].read_text())
     stale["metrics"] = {name: {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 3} for name in stale["metrics"]}
     cached[0].write_text(json.dumps(stale))
-    trainer = Trainer(dataclasses.replace(config, run_dir=str(tmp_path / "next-run")))
+    trainer = Trainer(config.with_values(run_dir=str(tmp_path / "next-run")))
     try:
         again = before_after(trainer)
     finally:

@@ -7,7 +7,6 @@ single padded batch of every row.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -104,8 +103,8 @@ def test_rl_loss_and_gradients_equal_one_padded_batch(trainer):
 
     lengths = batch["attention_mask"].sum(-1).tolist()
     config = trainer.config
-    for budget in (config.micro_batch_tokens, 2 * max(lengths)):  # the preset's budget, and about 2 rows each
-        trainer.config = dataclasses.replace(config, micro_batch_tokens=budget)
+    for budget in (config.optim.micro_batch_tokens, 2 * max(lengths)):  # the preset's budget, and about 2 rows each
+        trainer.config = config.with_values(micro_batch_tokens=budget)
         trainer.optimizer.zero_grad(set_to_none=True)
         metrics = trainer._rl_backward(batch)
         parts = trainer.rl_micro_batches(batch)  # the micro-batches that backward ran
@@ -122,8 +121,8 @@ def test_sft_loss_and_gradients_equal_one_padded_batch(trainer):
     sft = trainer.sft_minibatch(0)
     lengths = sft["attention_mask"].sum(-1).tolist()
     config = trainer.config
-    trainer.config = dataclasses.replace(config, micro_batch_tokens=max(lengths))  # rows of unequal length apart
-    groups = micro_batches(lengths, trainer.config.micro_batch_tokens)
+    trainer.config = config.with_values(micro_batch_tokens=max(lengths))  # rows of unequal length apart
+    groups = micro_batches(lengths, trainer.config.optim.micro_batch_tokens)
     assert len(groups) > 1 and len(set(lengths)) > 1
     num_tokens = float(sft["loss_mask"].sum())
     coef = 0.7

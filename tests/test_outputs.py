@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import stat
 from pathlib import Path
@@ -98,7 +97,7 @@ def test_final_holds_the_run_config_that_reads_back(finished_run):
     expected = preset_config(
         "tiny", algo="grpo", run_dir=str(run_dir), validation_questions=2, wandb=True, push_to_hub="user/tiny"
     )
-    assert dataclasses.replace(Config(), **load_config_file(run_dir / "final" / CONFIG_FILE)) == expected
+    assert Config().with_values(**load_config_file(run_dir / "final" / CONFIG_FILE)) == expected
 
 
 def test_final_files_are_readable_by_everyone(finished_run):

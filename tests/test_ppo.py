@@ -88,7 +88,7 @@ def test_value_loss_clipping():
 def test_one_step_changes_the_policy_and_the_value_head(tmp_path):
     trainer = _trainer(tmp_path, "step", steps=1)
     try:
-        assert trainer.config.env_id == QUERY_REWRITE_ENV
+        assert trainer.config.env.env_id == QUERY_REWRITE_ENV
         trajectories = trainer.collector.collect()
         batch, _ = trainer.make_batch(trajectories)
         mask = batch["loss_mask"]

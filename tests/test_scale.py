@@ -157,7 +157,7 @@ def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_p
     shape = memory.Shape.of(_qwen25_3b_config())
     small = memory.estimate(preset_config("cpu"), shape).parts["rollout batch"]
     huge = memory.estimate(preset_config("cpu", group_size=100000), shape).parts["rollout batch"]
-    assert huge == pytest.approx(small * 100000 / preset_config("cpu").group_size, rel=0.01)
+    assert huge == pytest.approx(small * 100000 / preset_config("cpu").rl.group_size, rel=0.01)
     flags = ["--preset", "tiny", "--protocol", "coda", "--group-size", "100000", "--run-dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit) as stop:  # 200,000 CoDA episodes: about 70 GB of rollouts
         main(flags, algo="grpo", trainer_cls=Trainer)

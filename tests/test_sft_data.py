@@ -58,7 +58,7 @@ def test_demonstrations_without_quotes_have_their_own_cache(tokenizer):
     from algos.sft_data import demonstrations_cache_path
 
     quoting = preset_config("cpu", quote_words=12)
-    assert preset_config("cpu").quote_words == 0 and preset_config("gpu").quote_words == 12
+    assert preset_config("cpu").sft.quote_words == 0 and preset_config("gpu").sft.quote_words == 12
     path = demonstrations_cache_path(quoting, tokenizer)
     assert demonstrations_cache_path(preset_config("cpu"), tokenizer) != path
     with pytest.raises(ValueError, match="--quote-words must be >= 0"):

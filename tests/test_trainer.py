@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -95,7 +94,7 @@ def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
         garbage["old_logp"] = torch.where(mask, batch["old_logp"], torch.randn_like(batch["old_logp"]) * 100)
         torch.testing.assert_close(grads(garbage), reference, rtol=0, atol=0)
 
-        trainer.config = dataclasses.replace(trainer.config, skip_zero_advantage=False)
+        trainer.config = trainer.config.with_values(skip_zero_advantage=False)
         torch.testing.assert_close(grads(batch), reference, rtol=1e-5, atol=1e-7)
 
         shifted = batch.clone()
@@ -224,7 +223,7 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
         assert all(torch.equal(before[name], value) for name, value in _params(trainer).items())  # no update
         infos = [t.info for t in trainer.collector.last_trajectories]
         assert all(i["num_searches"] == 0 and i["retrieval_errors"] > 0 for i in infos)
-        trainer.config = dataclasses.replace(trainer.config, max_retrieval_error_rate=1.0)  # never stop
+        trainer.config = trainer.config.with_values(max_retrieval_error_rate=1.0)  # never stop
         errors, rate = episode_checks.check_retrieval(infos, 1, trainer.config)
         assert errors == sum(i["retrieval_errors"] for i in infos) and rate == 1.0
     finally:
@@ -342,9 +341,9 @@ def test_validation_questions_are_the_splits_last_and_never_trained_on():
 
     config = preset_config("tiny", num_questions=None, validation_questions=10)
     assert training_indices(config, 100) == range(90) and validation_indices(config, 100) == range(90, 100)
-    assert training_indices(dataclasses.replace(config, num_questions=95), 100) == range(90)  # never overlapping
-    assert training_indices(dataclasses.replace(config, num_questions=16), 100) == range(16)
-    assert validation_indices(dataclasses.replace(config, validation_questions=0), 100) == range(0)
+    assert training_indices(config.with_values(num_questions=95), 100) == range(90)  # never overlapping
+    assert training_indices(config.with_values(num_questions=16), 100) == range(16)
+    assert validation_indices(config.with_values(validation_questions=0), 100) == range(0)
     with pytest.raises(Exception, match="--validation-questions 10 leaves none of the 10 training questions"):
         training_indices(config, 10)
 

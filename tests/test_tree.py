@@ -62,7 +62,12 @@ def test_settings_refuse_a_group_size_the_trees_cannot_make_and_parse_the_branch
          "--tree-branch-turns", "1", "2"],
         algo="grpo",
     )  # fmt: skip
-    assert (config.rollout, config.tree_roots, config.tree_branches, config.tree_branch_turns) == ("tree", 1, 5, (1, 2))
+    assert (config.rl.rollout, config.rl.tree_roots, config.rl.tree_branches, config.rl.tree_branch_turns) == (
+        "tree",
+        1,
+        5,
+        (1, 2),
+    )
 
 
 def _turn(text: str) -> Completion:

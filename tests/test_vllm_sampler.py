@@ -130,7 +130,7 @@ def test_sampler_flags_that_cannot_work_are_refused():
         preset_config("tiny", tis_cap=2.0)  # the transformers sampler's log-probs are the old log-probs: weights all 1
     with pytest.raises(ValueError, match="tis.cap"):
         preset_config("tiny", tis_cap=0.0, old_logp="recompute")
-    assert preset_config("tiny", tis_cap=2.0, old_logp="recompute").tis_cap == 2.0
+    assert preset_config("tiny", tis_cap=2.0, old_logp="recompute").rl.tis_cap == 2.0
 
 
 def test_engine_arguments_one_process_and_each_torchrun_rank():

@@ -10,7 +10,6 @@ states and the metrics rows written since the last checkpoint; under ``--fsdp`` 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -68,7 +67,7 @@ _RESUME_MAY_CHANGE = {
 def changed_settings(saved: dict[str, Any], config: Any) -> dict[str, tuple[Any, Any]]:
     """The settings of `config` that differ from a checkpoint's `saved` ones, as ``{name: (saved, now)}``, leaving out
     those a resumed run may change (`_RESUME_MAY_CHANGE`) and those the checkpoint does not record."""
-    current = dataclasses.asdict(config)
+    current = config.flat()
     return {
         k: (saved[k], v)
         for k, v in current.items()
@@ -91,7 +90,7 @@ class RunCheckpoints:
         if not self.world.is_main and not self.fsdp:
             return None
         state = {
-            "config": dataclasses.asdict(self.config),
+            "config": self.config.flat(),
             "weighting": self.weighting.state_dict(),
             "collector": self.collector.state_dict(),
             "last_step_tied": self.last_step_tied,
@@ -118,7 +117,7 @@ class RunCheckpoints:
                 weights=weights,
                 optimizer=self.optimizer.state_dict(),
                 state=state,
-                keep=self.config.keep_checkpoints,
+                keep=self.config.run.keep_checkpoints,
                 rng=rng,
             )
         self._unsaved_metrics = []
@@ -142,7 +141,7 @@ class RunCheckpoints:
             self.step,
             tensors=tensors,
             state={**state, "optimizer_groups": optimizer["param_groups"]},
-            keep=self.config.keep_checkpoints,
+            keep=self.config.run.keep_checkpoints,
         )
 
     def load(self, path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -267,7 +266,7 @@ class RunCheckpoints:
         return [p for p in self.policy.parameters() if p.requires_grad]
 
     def _new_average(self) -> list[torch.Tensor] | None:
-        if self.config.weight_average is None:
+        if self.config.optim.weight_average is None:
             return None
         return [p.detach().clone() for p in self._averaged_parameters()]
 
@@ -279,7 +278,7 @@ class RunCheckpoints:
         """
         if self.average is None:
             return
-        decay = min(float(self.config.weight_average), (1 + self.step) / (10 + self.step))
+        decay = min(float(self.config.optim.weight_average), (1 + self.step) / (10 + self.step))
         with torch.no_grad():  # tensor by tensor: DTensor shards (--fsdp) have no rule for torch's _foreach_ ops
             for kept, p in zip(self.average, self._averaged_parameters(), strict=True):
                 kept.lerp_(p, 1.0 - decay)

@@ -1,7 +1,7 @@
 """The command line of the training entry points: a `Config` from the preset, a ``--config FILE`` and the flags.
 
-`parse_config` is what every entry point parses with (through `algos.run.launch.main`); its ``--help`` lists the flags
-in the groups of `algos.config.FLAG_GROUPS`, with the entry point's fixed ``--algo`` left out.
+`parse_config` is what every entry point parses with (through `algos.run.launch.main`); its ``--help`` is tyro's, one
+group per section of `algos.config.Config`, without the entry point's fixed ``--algo``.
 
     python -m algos.red_grpo --help
     python -m algos.red_grpo --preset cpu --config runs/red/redcoda_config.json --steps 20
@@ -11,23 +11,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import os
 import sys
 import types
 import typing
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from algos.config import FLAG_GROUPS, VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
+from algos.config import VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
 from algos.presets import PRESETS
 
-__all__ = ["grouped_help", "load_config_file", "parse_config"]
-
-HIDDEN_FLAGS = frozenset({"algo"})
-"""Fields the entry point fixes (`parse_config`'s `algo`): parsed as before, left out of ``--help``."""
+__all__ = ["load_config_file", "parse_config"]
 
 
 def parse_config(
@@ -46,7 +41,7 @@ def parse_config(
 
     Args:
         argv: Arguments without the program name; None reads sys.argv.
-        algo: The entry point's algorithm (its default for ``--algo``).
+        algo: The entry point's algorithm (fixed: no flag sets it).
         description: Text shown at the top of ``--help``.
         config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
         **defaults: Entry-point defaults applied on top of the preset (flags still override them).
@@ -69,9 +64,6 @@ def parse_config(
         base = preset_config(preset, config_cls, **values)  # checked with the flags, below
         usage = "--config FILE: a YAML or JSON file of these settings, applied after the preset, before the flags."
         description = f"{description or ''}\n\n{usage}".strip()
-        if {"-h", "--help"} & set(args):
-            print(grouped_help(config_cls, base, description), end="")
-            raise SystemExit(0)
         config = _tyro_cli(tyro, config_cls, base, args, description)
     finally:
         VALIDATE_ON_INIT.reset(token)
@@ -91,7 +83,9 @@ def _tyro_cli(
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            config = tyro.cli(config_cls, default=base, args=args, description=description)
+            config = tyro.cli(
+                config_cls, default=base, args=args, description=description, prog=os.path.basename(sys.argv[0])
+            )
     except SystemExit as stop:
         if not stop.code:
             sys.stderr.write(captured.getvalue())
@@ -148,11 +142,10 @@ def load_config_file(path: str | os.PathLike[str], config_cls: type[Config] = Co
             raise ValueError(f"{path}: not valid YAML ({at}{getattr(err, 'problem', None) or err})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: a config file is a mapping of field names to values, got {type(values).__name__}")
-    fields = {field.name for field in dataclasses.fields(config_cls)}
-    unknown = sorted(set(values) - fields)
+    hints = config_cls.flat_types()
+    unknown = sorted(set(values) - set(hints))
     if unknown:
         raise ValueError(f"{path}: not a setting of {config_cls.__name__}: {', '.join(unknown)}")
-    hints = typing.get_type_hints(config_cls)
     return {name: _typed(value, hints[name], f"{path}: {name}") for name, value in values.items()}
 
 
@@ -226,41 +219,3 @@ def _chosen_preset(args: Sequence[str], from_file: dict[str, object]) -> PresetN
         why = "a CUDA device is available" if preset == "gpu" else "no CUDA device"
         print(f"preset {preset}: {why}; pass --preset to choose", flush=True)
     return preset
-
-
-def grouped_help(config_cls: type[Config], base: Config, description: str) -> str:
-    """The ``--help`` text of `config_cls`'s flags with `base`'s values as defaults, in `FLAG_GROUPS`' groups.
-
-    tyro builds the flags (names, metavars, help with defaults) exactly as `parse_config` parses them; they are laid
-    out here in argparse groups. Fields of a learner's own settings class come last, in a group of their own; the
-    `HIDDEN_FLAGS` are left out.
-    """
-    import tyro
-
-    with warnings.catch_warnings():  # get_parser is deprecated in tyro 1.x; only its actions are read here
-        warnings.simplefilter("ignore")
-        source = tyro.extras.get_parser(config_cls, default=base)
-    parser = argparse.ArgumentParser(
-        prog=os.path.basename(sys.argv[0]),
-        usage="%(prog)s [-h] [OPTIONS]",
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    groups = {title: parser.add_argument_group(title) for title in FLAG_GROUPS}
-    group_of = {name: groups[title] for title, names in FLAG_GROUPS.items() for name in names}
-    for action in source._actions:  # argparse keeps a parser's actions in this list; there is no public accessor
-        name = action.dest.replace("-", "_")
-        if not action.option_strings or name == "help":
-            continue
-        if name not in group_of:  # a learner's own field (PPO's value head, ArCHer's critic)
-            title = f"{base.algo} settings"
-            if title not in groups:
-                groups[title] = parser.add_argument_group(title)
-            group_of[name] = groups[title]
-        text = argparse.SUPPRESS if name in HIDDEN_FLAGS else (action.help or "").replace("%", "%%")
-        if action.nargs == 0:  # --flag / --no-flag
-            group_of[name].add_argument(*action.option_strings, dest=name, action="store_true", help=text)
-        else:  # tyro's metavar is the whole value's, as its own help shows it ("FLOAT FLOAT", "[STR [STR ...]]")
-            metavar = " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
-            group_of[name].add_argument(*action.option_strings, dest=name, metavar=metavar, help=text)
-    return parser.format_help()

@@ -1,6 +1,6 @@
 """What a training run ends with: the trained model and the model it started from, scored on held-out questions.
 
-Both models play ``config.eval_questions`` questions of ``config.eval_split`` greedily, in exactly the env the
+Both models play ``config.run.eval_questions`` questions of ``config.run.eval_split`` greedily, in exactly the env the
 run trained in (`Config.env_kwargs` with only the split changed, the same turn limits, passage length,
 tokens per turn and context length), through `agents.evaluation.evaluate`. The starting model's scores
 depend only on those settings, so they are cached (``cache_root()/eval/``) and computed once per settings.
@@ -74,27 +74,27 @@ _LABELS = {
 def held_out_settings(config: Any) -> dict[str, Any]:
     """Everything that decides a held-out score besides the weights: one dict, also the starting model's cache key.
 
-    The env is the run's own (`Config.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
+    The env is the run's own (`EnvSettings.env_id`, `Config.env_kwargs`) with the held-out questions in place of the
     training ones: ``eval_data_path``, else the bundled ``eval_split``.
     """
-    env_kwargs = {**config.env_kwargs, "split": config.eval_split}
+    env_kwargs = {**config.env_kwargs, "split": config.run.eval_split}
     env_kwargs.pop("data_path", None)
-    if config.eval_data_path is not None:
-        env_kwargs["data_path"] = config.eval_data_path
+    if config.run.eval_data_path is not None:
+        env_kwargs["data_path"] = config.run.eval_data_path
     return {
-        "agent": "coda" if config.protocol == "coda" else "search_r1",
-        **({"env_id": config.env_id} if config.env else {}),  # the default ids follow from the agent's protocol
+        "agent": "coda" if config.env.protocol == "coda" else "search_r1",
+        **({"env_id": config.env.env_id} if config.env.env else {}),  # the default ids follow from the agent's protocol
         "env_kwargs": env_kwargs,
-        "questions": int(config.eval_questions),
-        "max_new_tokens": config.max_new_tokens,
-        "max_context_tokens": config.max_context_tokens,
+        "questions": int(config.run.eval_questions),
+        "max_new_tokens": config.rl.max_new_tokens,
+        "max_context_tokens": config.model.max_context_tokens,
         "seed": 0,
     }
 
 
 def validation_settings(config: Any, questions: Sequence[int]) -> dict[str, Any]:
     """`held_out_settings` for the validation questions: `questions` of the training split itself (the ones
-    `Config.validation_questions` holds out of training), in the training env unchanged."""
+    `RunSettings.validation_questions` holds out of training), in the training env unchanged."""
     return {
         **held_out_settings(config),
         "env_kwargs": dict(config.env_kwargs),
@@ -127,15 +127,15 @@ def score_held_out(
     Raises:
         agents.evaluation.EvaluationFailed: more than `max_error_rate` of the episodes errored (on every rank).
     """
-    from agents.evaluation import MAX_ERROR_RATE, check_errors, error_counts, evaluate
+    from agents.evaluation import check_errors, error_counts, evaluate
     from algos import distributed
 
     if validation is None:  # the held-out split's first N questions (as many as it has)
         settings = held_out_settings(config)
-        split, questions, limit = config.eval_split, range(settings["questions"]), settings["questions"]
+        split, questions, limit = config.run.eval_split, range(settings["questions"]), settings["questions"]
     else:
         settings = validation_settings(config, validation)
-        split, questions, limit = config.split, settings["questions"], None
+        split, questions, limit = config.env.split, settings["questions"], None
     world = distributed.World(*_rank_and_size())
     result = evaluate(
         settings["agent"],
@@ -143,14 +143,14 @@ def score_held_out(
         split=split,
         indices=distributed.shard(questions, world) if world.enabled else None if limit is not None else questions,
         limit=limit,
-        batch=config.eval_batch_size,
+        batch=config.run.eval_batch_size,
         seed=settings["seed"],
         temperature=0.0,
         max_new_tokens=settings["max_new_tokens"],
-        env_id=config.env_id,
+        env_id=config.env.env_id,
         env_kwargs=settings["env_kwargs"],
         max_context_tokens=settings["max_context_tokens"],
-        progress=config.progress and world.is_main,
+        progress=config.run.progress and world.is_main,
         max_error_rate=None,  # checked below over every rank's episodes, so that all ranks raise or none
     )
     if world.enabled:  # data-parallel ranks each scored their share: pool the predictions, score them all
@@ -158,7 +158,7 @@ def score_held_out(
         result["n"] = len(result["predictions"])
     result["errors"] = error_counts(result["predictions"])
     if max_error_rate is None:
-        max_error_rate = getattr(config, "max_eval_error_rate", MAX_ERROR_RATE)
+        max_error_rate = config.run.max_eval_error_rate
     check_errors(result["errors"], max_error_rate)
     if label is not None:
         result["model"] = label
@@ -179,9 +179,11 @@ def _starting_model_cache(config: Any) -> Path:
     from retrievers.corpus import cache_root
 
     # greedy scores of fixed weights: the training seed matters only where it makes the weights (the tiny model)
-    key = {"model": config.model or "smollm2-135m", **held_out_settings(config)}
-    if config.model == "tiny":
-        key.update(seed=config.seed, max_context=config.max_context_tokens)  # the tiny model's weights depend on both
+    key = {"model": config.model.model or "smollm2-135m", **held_out_settings(config)}
+    if config.model.model == "tiny":
+        key.update(
+            seed=config.run.seed, max_context=config.model.max_context_tokens
+        )  # the tiny model's weights depend on both
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / "eval" / f"start-{digest}.json"
 
@@ -247,8 +249,8 @@ def format_before_after(before: dict[str, Any], after: dict[str, Any], config: A
 
     names = [m for m in TABLE_METRICS if m in after["metrics"] and m in before["metrics"]]
     lines = [
-        f"Held-out: {after['n']} {config.eval_split} questions, greedy, {held_out_settings(config)['agent']} agent, "
-        "training env settings.",
+        f"Held-out: {after['n']} {config.run.eval_split} questions, greedy, "
+        f"{held_out_settings(config)['agent']} agent, training env settings.",
         "",
         "| model | " + " | ".join(_LABELS[m] for m in names) + " |",
         "|---|" + "---|" * len(names),
@@ -356,7 +358,7 @@ def _rank_and_size() -> tuple[int, int]:
 def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
     """Score every kept checkpoint on the validation questions; leave the best one's weights in the policy.
 
-    The questions are the training split's last ``config.validation_questions`` (`TrainingRun.validation_indices`),
+    The questions are the training split's last ``config.run.validation_questions`` (`TrainingRun.validation_indices`),
     which no rollout or demonstration of the run used. The policy holds the last step's weights on entry (the newest
     checkpoint's), so that one is scored first and reloaded only if another wins; the best by answer F1 wins, the
     later on a tie. Writes ``validation.json`` (each candidate's metrics and predictions) into the run directory.

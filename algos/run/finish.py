@@ -86,15 +86,17 @@ class RunFinish:
             payload = outputs.wandb_outputs(wandb, evaluation, validation, curves)
             if payload:
                 self._wandb.log(payload, step=self.step)
-        if self.config.push_to_hub:
+        if self.config.run.push_to_hub:
             try:
-                url = outputs.push_to_hub(final, self.config.push_to_hub, f"{self.config.name}: {self.step} steps")
+                url = outputs.push_to_hub(
+                    final, self.config.run.push_to_hub, f"{self.config.run.name}: {self.step} steps"
+                )
             except Exception as err:  # the run's outputs are on disk already: a failed upload must not lose them
                 logger.error(
                     "upload to %s failed (%s); retry with: hf upload %s %s",
-                    self.config.push_to_hub,
+                    self.config.run.push_to_hub,
                     err,
-                    self.config.push_to_hub,
+                    self.config.run.push_to_hub,
                     final,
                 )
             else:
@@ -106,8 +108,8 @@ class RunFinish:
         k = max(1, min(10, len(rows) // 4))
         first, last = rows[:k], rows[-k:]
         return {
-            "run": self.config.name,
-            "algo": self.config.algo,
+            "run": self.config.run.name,
+            "algo": self.config.run.algo,
             "steps": self.step,
             "stopped_early": self.stopped_early,
             "wall_time_s": self.elapsed,

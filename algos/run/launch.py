@@ -78,7 +78,7 @@ def main(
             _exit_if_timed_out(err, config)
             raise
         except run_control.Interrupted as err:
-            command = run_control.rerun_command(args, config.output_dir, resume=config.resume)
+            command = run_control.rerun_command(args, config.run.output_dir, resume=config.run.resume)
             _stop_with(err, command, show=True)
         try:
             return trainer.train()
@@ -86,19 +86,21 @@ def main(
             _exit_with(err, 1)
         except CheckpointWriteError as err:  # a full or read-only disk: the checkpoints written before it are intact
             latest = find_latest(trainer.checkpoint_dir)
-            command = run_control.rerun_command(args, config.output_dir, resume=latest is not None)
+            command = run_control.rerun_command(args, config.run.output_dir, resume=latest is not None)
             where = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written yet"
             _exit_with(OSError(f"{err}; {where}: once there is room (or it is writable again), run {command}"), 1)
         except RuntimeError as err:
             _exit_if_timed_out(err, config)
             raise
         except run_control.Interrupted as err:  # a checkpoint of the last finished step is on disk
-            command = run_control.rerun_command(args, config.output_dir, resume=True)
+            command = run_control.rerun_command(args, config.run.output_dir, resume=True)
             _stop_with(err, command, show=trainer.world.is_main)
         finally:
             trainer.close()
     finally:
-        run_control.release_run_dir(config.output_dir)  # for a caller that goes on (the process's end releases it too)
+        run_control.release_run_dir(
+            config.run.output_dir
+        )  # for a caller that goes on (the process's end releases it too)
 
 
 def _exit_with(err: BaseException, status: int) -> NoReturn:
@@ -123,8 +125,8 @@ def _exit_if_timed_out(err: RuntimeError, config: Config) -> None:
     distributed.shutdown()
     _exit_with(
         TimeoutError(
-            f"a collective operation waited more than --dist-timeout-seconds {config.dist_timeout_seconds:g} for the "
-            f"other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
+            f"a collective operation waited more than --dist-timeout-seconds {config.run.dist_timeout_seconds:g} "
+            f"for the other ranks (one stopped, hung or died: see its output), so this rank stopped too ({detail})"
         ),
         1,
     )

@@ -113,10 +113,10 @@ def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None
         ranks: data-parallel ranks (the ``--fsdp`` shards and each rank's share of the rollouts).
         trainable: parameters that train (LoRA: the adapter's); None: all of them.
     """
-    param_bytes = 2 if config.param_dtype == "bfloat16" else 4
-    compute_bytes = 2 if (config.use_bf16 or config.param_dtype == "bfloat16") else 4
+    param_bytes = 2 if config.model.param_dtype == "bfloat16" else 4
+    compute_bytes = 2 if (config.model.use_bf16 or config.model.param_dtype == "bfloat16") else 4
     trainable = shape.parameters if trainable is None else trainable
-    shards = ranks if (config.fsdp and ranks > 1) else 1
+    shards = ranks if (config.run.fsdp and ranks > 1) else 1
     parts: dict[str, float] = {
         "weights": shape.parameters * param_bytes / shards,
         "gradients": trainable * param_bytes / shards,
@@ -124,26 +124,32 @@ def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None
     }
     if shards > 1:  # sampling and no-grad scoring hold the whole weights on every rank
         parts["gathered weights"] = shape.parameters * param_bytes * (1 - 1 / shards)
-    if config.kl_coef > 0:
+    if config.rl.kl_coef > 0:
         parts["reference model"] = shape.parameters * param_bytes
-    tokens = config.micro_batch_tokens
+    tokens = config.optim.micro_batch_tokens
     per_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate  # elements kept per token and layer
-    if config.gradient_checkpointing:
+    if config.optim.gradient_checkpointing:
         kept = shape.layers * shape.hidden + per_layer  # each layer's input, and one layer recomputed at a time
     else:
         kept = shape.layers * per_layer
     parts["activations"] = tokens * kept * compute_bytes
     parts["logits"] = tokens * shape.vocab * 4 * 2  # float32 logits and their log-softmax (or its gradient)
-    episodes = max(1, config.questions_per_step * config.group_size // ranks)  # this rank's share of the step
-    contexts = episodes * (1 + config.max_planner_turns if config.protocol == "coda" else 1)  # CoDA: + executors
-    parts["rollout batch"] = contexts * config.max_context_tokens * ROLLOUT_BYTES_PER_TOKEN + episodes * EPISODE_BYTES
-    if config.sampler == "vllm":
-        parts["vllm engine"] = config.vllm_gpu_memory_utilization * device_memory(config.torch_device)
+    episodes = max(1, config.rl.questions_per_step * config.rl.group_size // ranks)  # this rank's share of the step
+    contexts = episodes * (
+        1 + config.env.max_planner_turns if config.env.protocol == "coda" else 1
+    )  # CoDA: + executors
+    parts["rollout batch"] = (
+        contexts * config.model.max_context_tokens * ROLLOUT_BYTES_PER_TOKEN + episodes * EPISODE_BYTES
+    )
+    if config.model.sampler == "vllm":
+        parts["vllm engine"] = config.model.vllm_gpu_memory_utilization * device_memory(config.model.torch_device)
     else:
-        rows = min(config.sampler_batch_size, max(1, config.questions_per_step * config.group_size // ranks))
-        kv = rows * config.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
+        rows = min(
+            config.model.sampler_batch_size, max(1, config.rl.questions_per_step * config.rl.group_size // ranks)
+        )
+        kv = rows * config.model.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
         parts["kv cache"] = kv + rows * shape.vocab * 4
-    return Estimate(parts, device=_device_name(config.torch_device))
+    return Estimate(parts, device=_device_name(config.model.torch_device))
 
 
 def device_memory(device: str) -> float:
@@ -212,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> Estimate:
     pre.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (shards under --fsdp)")
     known, rest = pre.parse_known_args(argv)
     config = parse_config(rest, algo="red_grpo", description="The memory estimate of a run, per device.")
-    source = config.model
+    source = config.model.model
     if source is None or source == "tiny":
         from agents.models import ensure_smollm2_cache
 

@@ -12,7 +12,6 @@ and ``redcoda_config.json`` (every `Config` field: ``python -m benchmarks.evalua
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -62,7 +61,7 @@ _CARD_SETTINGS = (
 
 def config_values(config: Any) -> dict[str, Any]:
     """Every field of `config` as JSON values (tuples become lists, paths strings)."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    return json.loads(json.dumps(config.flat(), default=str))
 
 
 def write_run_config(config: Any, directory: str | os.PathLike[str]) -> Path:
@@ -74,7 +73,7 @@ def write_run_config(config: Any, directory: str | os.PathLike[str]) -> Path:
 
 def base_model_id(config: Any) -> str | None:
     """The hub id (or path) of the model the run started from; None for a random model built from a config."""
-    model = config.model
+    model = config.model.model
     if model is None or str(model).lower() == "smollm2-135m":
         return SMOLLM2_HUB_ID
     return None if model == "tiny" else str(model)
@@ -90,8 +89,8 @@ _DATASET_IDS = {
 
 
 def _dataset_ids(config: Any) -> list[str]:
-    env = config.env_id
-    if config.data_path is not None:
+    env = config.env.env_id
+    if config.env.data_path is not None:
         return []  # the user's own file: nothing on the hub to name
     if "HotpotQA" in env or "QueryRewrite" in env:
         return ["hotpotqa/hotpot_qa"]
@@ -102,10 +101,10 @@ def _eval_dataset(config: Any) -> tuple[str, str]:
     """The held-out questions' dataset as the card names it: (display name, dataset id)."""
     from envs import ENV_IDS
 
-    path = config.eval_data_path or config.data_path
+    path = config.run.eval_data_path or config.env.data_path
     if path is not None:
         return Path(path).name, "json"  # the user's own file
-    dataset = ENV_IDS.get(config.env_id, {}).get("dataset", "hotpotqa")
+    dataset = ENV_IDS.get(config.env.env_id, {}).get("dataset", "hotpotqa")
     return _DATASET_IDS.get(dataset, (dataset, dataset))
 
 
@@ -130,7 +129,7 @@ def eval_results(config: Any, evaluation: dict[str, Any] | None) -> list[EvalRes
                         task_type="question-answering",
                         dataset_type=dataset_type,
                         dataset_name=name,
-                        dataset_split=config.eval_split,
+                        dataset_split=config.run.eval_split,
                         metric_type=metric_type,
                         metric_value=float(metrics[metric]["mean"]),
                         metric_name=f"{label_name}{model}",
@@ -143,8 +142,8 @@ def _card_data(config: Any, base: str | None, evaluation: dict[str, Any] | None)
     """The card's metadata (its YAML front matter): library, base model, tags, data, license, held-out scores."""
     from huggingface_hub import ModelCardData
 
-    tags = ["redcoda", config.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
-    if config.protocol == "coda":
+    tags = ["redcoda", config.run.algo, "reinforcement-learning", "multi-hop-qa", "retrieval-augmented-generation"]
+    if config.env.protocol == "coda":
         tags.append("coda")
     results = eval_results(config, evaluation)
     return ModelCardData(
@@ -154,7 +153,7 @@ def _card_data(config: Any, base: str | None, evaluation: dict[str, Any] | None)
         tags=tags,
         datasets=_dataset_ids(config) or None,
         license="apache-2.0",
-        model_name=config.name if results else None,
+        model_name=config.run.name if results else None,
         eval_results=results or None,
     )
 
@@ -176,7 +175,7 @@ def model_card(
         evaluation: `evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
         validation: `evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
     """
-    algo = _ALGO_NAMES.get(config.algo, config.algo)
+    algo = _ALGO_NAMES.get(config.run.algo, config.run.algo)
     base = base_model_id(config)
     values = config_values(config)
     settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
@@ -185,16 +184,17 @@ def model_card(
         from huggingface_hub import ModelCard
     except ImportError as err:
         raise ImportError("the model card needs huggingface_hub: pip install 'redcoda[train]'") from err
+    protocol, env_id = config.env.protocol, config.env.env_id
     lines = [
         "---",
         _card_data(config, base, evaluation).to_yaml(),
         "---",
         "",
-        f"# {config.name}",
+        f"# {config.run.name}",
         "",
         f"A search agent trained with RedCoda's {algo}, starting from {started}: it answers multi-hop questions by",
-        f"writing `<search>` queries to a retriever and reading the passages it gets back ({config.protocol} protocol,",
-        f"env `{config.env_id}`), then `<answer>`. {steps} training steps.",
+        f"writing `<search>` queries to a retriever and reading the passages it gets back ({protocol} protocol,",
+        f"env `{env_id}`), then `<answer>`. {steps} training steps.",
         "",
         "## Training",
         "",
@@ -208,9 +208,9 @@ def model_card(
         "## Data",
         "",
         (
-            f"Training questions: `{config.data_path}`."
-            if config.data_path
-            else f"Training questions: the `{config.split}` split bundled with RedCoda (HotpotQA distractor rows, "
+            f"Training questions: `{config.env.data_path}`."
+            if config.env.data_path
+            else f"Training questions: the `{config.env.split}` split bundled with RedCoda (HotpotQA distractor rows, "
             "CC BY-SA 4.0), searched over the bundled corpus of their paragraphs."
         ),
         "",

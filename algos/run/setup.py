@@ -34,13 +34,13 @@ def build_model(config: Config, device: torch.device) -> tuple[torch.nn.Module, 
     """The run's starting model and tokenizer on `device` (also the 'before' of the evaluation)."""
     from agents.models import load_model, tiny_model
 
-    dtype = getattr(torch, config.param_dtype)  # float32 master weights unless --param-dtype bfloat16
-    if config.model == "tiny":
-        model, tokenizer = tiny_model(seed=config.seed, max_context=config.max_context_tokens)
+    dtype = getattr(torch, config.model.param_dtype)  # float32 master weights unless --param-dtype bfloat16
+    if config.model.model == "tiny":
+        model, tokenizer = tiny_model(seed=config.run.seed, max_context=config.model.max_context_tokens)
         model = model.to(device, dtype)
     else:  # bf16 compute over float32 weights (--bf16) comes from autocast around each forward pass
-        model, tokenizer = load_model(config.model, dtype=dtype, device=device)
-    if config.gradient_checkpointing:
+        model, tokenizer = load_model(config.model.model, dtype=dtype, device=device)
+    if config.optim.gradient_checkpointing:
         # non-reentrant: works under autocast, FSDP2 and with inputs that need no gradient (frozen embeddings)
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5
             model.activation_checkpointing_enable({"use_reentrant": False})
@@ -51,15 +51,15 @@ def build_model(config: Config, device: torch.device) -> tuple[torch.nn.Module, 
 
 def add_lora(model: torch.nn.Module, config: Config) -> Any:
     """``--lora``: the peft model that injects LoRA layers into `model`'s modules; None without ``--lora``."""
-    if not config.lora:
+    if not config.model.lora:
         return None
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=list(config.lora_target_modules),
+        r=config.model.lora_rank,
+        lora_alpha=config.model.lora_alpha,
+        lora_dropout=config.model.lora_dropout,
+        target_modules=list(config.model.lora_target_modules),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
@@ -67,7 +67,7 @@ def add_lora(model: torch.nn.Module, config: Config) -> Any:
 
 def context_limit(config: Config, policy: torch.nn.Module) -> int:
     """The agent's and sampler's context length: ``max_context_tokens``, at most the model's positions."""
-    return min(config.max_context_tokens, int(getattr(policy.config, "max_position_embeddings", 1 << 30)))
+    return min(config.model.max_context_tokens, int(getattr(policy.config, "max_position_embeddings", 1 << 30)))
 
 
 def make_sampler(config: Config, policy: torch.nn.Module, tokenizer: Any, max_context: int) -> Any:
@@ -75,16 +75,16 @@ def make_sampler(config: Config, policy: torch.nn.Module, tokenizer: Any, max_co
     from agents.samplers.factory import make_sampler as make
 
     return make(
-        config.sampler,
+        config.model.sampler,
         model=policy,
         tokenizer=tokenizer,
-        source=config.model,  # vLLM builds from it (None: the bundled model, which VLLMSampler resolves)
+        source=config.model.model,  # vLLM builds from it (None: the bundled model, which VLLMSampler resolves)
         max_context=max_context,
-        max_batch_size=config.sampler_batch_size,
-        seed=config.seed,
-        decode=config.sampler_decode,
-        dtype="bfloat16" if config.use_bf16 or config.param_dtype == "bfloat16" else "float32",
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        max_batch_size=config.model.sampler_batch_size,
+        seed=config.run.seed,
+        decode=config.model.sampler_decode,
+        dtype="bfloat16" if config.model.use_bf16 or config.model.param_dtype == "bfloat16" else "float32",
+        gpu_memory_utilization=config.model.vllm_gpu_memory_utilization,
     )
 
 
@@ -93,15 +93,17 @@ def make_agent(config: Config, sampler: Any, max_context: int) -> Any:
     query-rewrite env a context agent that stops after its one ``</query>``."""
     from agents.search_agents import CodaAgent, ContextAgent, SearchR1Agent
 
-    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
-    agent_cls = CodaAgent if config.protocol == "coda" else SearchR1Agent
-    if config.is_query_rewrite:  # one <query> turn: a plain context agent that stops after </query>
+    params = SamplingParams(
+        max_new_tokens=config.rl.max_new_tokens, temperature=config.rl.temperature, top_p=config.rl.top_p
+    )
+    agent_cls = CodaAgent if config.env.protocol == "coda" else SearchR1Agent
+    if config.env.is_query_rewrite:  # one <query> turn: a plain context agent that stops after </query>
         agent_cls, params = ContextAgent, dataclasses.replace(params, stop=("</query>",))
     return agent_cls(sampler, params, max_context_tokens=max_context)
 
 
 def make_collector(config: Config, agent: Any, shard: tuple[int, int]) -> Any:
-    """The rollout collector over ``gym.make(config.env_id, **config.env_kwargs)``: `shard` (rank, ranks) names this
+    """The rollout collector over ``gym.make(config.env.env_id, **config.env_kwargs)``: `shard` (rank, ranks) names this
     rank's share of each step's questions, drawn from `training_indices`."""
     import gymnasium as gym
 
@@ -109,16 +111,16 @@ def make_collector(config: Config, agent: Any, shard: tuple[int, int]) -> Any:
     from agents.collector import RolloutCollector
     from agents.tree import TreeShape
 
-    tree = TreeShape(config.tree_roots, config.tree_branches, config.tree_branch_turns)
+    tree = TreeShape(config.rl.tree_roots, config.rl.tree_branches, config.rl.tree_branch_turns)
     return RolloutCollector(
-        lambda: gym.make(config.env_id, disable_env_checker=True, **config.env_kwargs),
+        lambda: gym.make(config.env.env_id, disable_env_checker=True, **config.env_kwargs),
         agent,
-        questions_per_batch=config.questions_per_step,
-        group_size=config.group_size,
+        questions_per_batch=config.rl.questions_per_step,
+        group_size=config.rl.group_size,
         indices=lambda size: training_indices(config, size),
-        seed=config.seed,
+        seed=config.run.seed,
         shard=shard,
-        tree=tree if config.rollout == "tree" else None,
+        tree=tree if config.rl.rollout == "tree" else None,
     )
 
 
@@ -133,16 +135,17 @@ def check_question_lengths(config: Config, env: Any) -> None:
     from envs import ENV_IDS
     from envs.data import DataError
 
-    if config.env_id not in ENV_IDS:  # the QA envs, whose first message holds the question
+    if config.env.env_id not in ENV_IDS:  # the QA envs, whose first message holds the question
         return
-    room = config.max_context_tokens - config.max_new_tokens
-    count = len(env.examples) if config.num_questions is None else min(config.num_questions, len(env.examples))
+    room = config.model.max_context_tokens - config.rl.max_new_tokens
+    count = len(env.examples) if config.env.num_questions is None else min(config.env.num_questions, len(env.examples))
     for i, example in enumerate(env.examples[:count]):
         words = len(example.question.split())
         if words > room:
             raise DataError(
                 f"{env.data_file}: question {i + 1} ({example.id}) is {words} words, more than a context holds with "
-                f"a turn (--max-context-tokens {config.max_context_tokens}, --max-new-tokens {config.max_new_tokens})"
+                f"a turn (--max-context-tokens {config.model.max_context_tokens}, "
+                f"--max-new-tokens {config.rl.max_new_tokens})"
             )
 
 
@@ -152,24 +155,24 @@ def make_optimizer(
     """AdamW over the policy's `trainable` parameters and a learner's own parameter groups (value head, critic)."""
     return torch.optim.AdamW(
         [{"params": list(trainable)}, *learner_groups],
-        lr=config.lr,
-        betas=config.adam_betas,
-        weight_decay=config.weight_decay,
+        lr=config.optim.lr,
+        betas=config.optim.adam_betas,
+        weight_decay=config.optim.weight_decay,
     )
 
 
 def training_indices(config: Config, size: int) -> range:
     """The questions of a `size`-question training split that rollouts draw from: the first ``num_questions``
     (all when None), less the last ``validation_questions`` (`validation_indices`)."""
-    end = size - config.validation_questions
+    end = size - config.run.validation_questions
     if end < 1:
         raise DataError(
-            f"--validation-questions {config.validation_questions} leaves none of the {size} training questions"
+            f"--validation-questions {config.run.validation_questions} leaves none of the {size} training questions"
         )
-    return range(end if config.num_questions is None else min(end, config.num_questions))
+    return range(end if config.env.num_questions is None else min(end, config.env.num_questions))
 
 
 def validation_indices(config: Config, size: int) -> range:
     """The last ``validation_questions`` of a `size`-question training split: held out of training, they choose
     the final model among the kept checkpoints (`algos.run.evaluation.select_checkpoint`)."""
-    return range(max(0, size - config.validation_questions), size)
+    return range(max(0, size - config.run.validation_questions), size)

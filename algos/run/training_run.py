@@ -4,10 +4,10 @@
 needs around it:
 
 - setup from a `Config` (the parts come from `algos.run.setup`): seeds, the model (optionally LoRA) and tokenizer,
-  the sampler, the agent, the rollout collector over ``gym.make(config.env_id, **config.env_kwargs)``, the oracle
+  the sampler, the agent, the rollout collector over ``gym.make(config.env.env_id, **config.env_kwargs)``, the oracle
   demonstrations when the weighting rule has an SFT term, the optimizer;
 - ``--resume``, checkpoints and the weight average (`algos.run.checkpointing.RunCheckpoints`, a base class);
-- `steps`: train steps to ``config.steps`` or the training-time budget (the lr following ``lr_schedule``), a
+- `steps`: train steps to ``config.optim.steps`` or the training-time budget (the lr following ``lr_schedule``), a
   checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless logged in;
   WANDB_MODE is respected);
 - `train`: the last checkpoint, the final model and what is published with it (`algos.run.finish.RunFinish`, a
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import logging
 import math
@@ -63,13 +62,15 @@ class TrainingStopped(RuntimeError):
 
 
 def make_weighting(config: Config) -> SFTWeighting:
-    """The SFT weighting rule of ``config.algo``: NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft)
+    """The SFT weighting rule of ``config.run.algo``: NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft)
     or RED. grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.expert_groups`)."""
-    if config.algo in ("grpo", "grpo_expert", "ppo", "archer"):
+    if config.run.algo in ("grpo", "grpo_expert", "ppo", "archer"):
         return NoSFT()
-    if config.algo in ("grpo_sft", "sft"):
+    if config.run.algo in ("grpo_sft", "sft"):
         return FixedSFT()
-    return RED(max_factor=config.red_max_factor, decay=config.red_decay, use_accuracy=config.red_use_accuracy)
+    return RED(
+        max_factor=config.sft.red_max_factor, decay=config.sft.red_decay, use_accuracy=config.sft.red_use_accuracy
+    )
 
 
 def sync() -> None:
@@ -103,23 +104,23 @@ class TrainingRun(RunCheckpoints, RunFinish):
 
     Args:
         config: The run's settings.
-        weighting: The SFT weighting rule; None builds the one of ``config.algo``.
+        weighting: The SFT weighting rule; None builds the one of ``config.run.algo``.
     """
 
     def __init__(self, config: Config, weighting: SFTWeighting | None = None) -> None:
         self.config = config
         self.started = time.perf_counter()  # the summary's process wall time counts from here
-        self.threads = run_control.TorchThreads(config.torch_threads)  # logged; re-checked between steps
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)
+        self.threads = run_control.TorchThreads(config.run.torch_threads)  # logged; re-checked between steps
+        random.seed(config.run.seed)
+        np.random.seed(config.run.seed)
+        torch.manual_seed(config.run.seed)
         # --- data parallel (algos.distributed): this rank's place and device -------------------------------
-        self.world, self.device = distributed.init(config.torch_device, config.dist_timeout_seconds)
+        self.world, self.device = distributed.init(config.model.torch_device, config.run.dist_timeout_seconds)
         # before anything in the run directory is read or written; rank 0 holds it for every rank
         self.run_lock = (
-            run_control.lock_run_dir(config.output_dir, resume=config.resume) if self.world.is_main else None
+            run_control.lock_run_dir(config.run.output_dir, resume=config.run.resume) if self.world.is_main else None
         )
-        self.run_dir = config.output_dir
+        self.run_dir = config.run.output_dir
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.weighting = weighting if weighting is not None else make_weighting(config)
@@ -127,12 +128,12 @@ class TrainingRun(RunCheckpoints, RunFinish):
 
         self._build_policy()
         max_context = run_setup.context_limit(config, self.policy)
-        if config.memory_check:
+        if config.model.memory_check:
             self.check_memory()
         self.sampler = TimedSampler(run_setup.make_sampler(config, self.policy, self.tokenizer, max_context))
         self.agent = run_setup.make_agent(config, self.sampler, max_context)
         self._build_collector()
-        uses_sft = self.weighting.uses_sft and config.sft_coef > 0
+        uses_sft = self.weighting.uses_sft and config.sft.sft_coef > 0
         with distributed.main_first():
             self.demos = (
                 load_demonstrations(config, self.tokenizer, max_tokens=max_context, exclude=self.validation_indices)
@@ -142,7 +143,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         self.init_learner()
         self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
         """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
-        if not config.context_grad and not self.masked_head:
+        if not config.optim.context_grad and not self.masked_head:
             logger.warning("--no-context-grad needs a model whose logits are its LM head's projection; full gradient")
         self._build_optimizer()
         self.average = self._new_average()
@@ -162,7 +163,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self.metrics_path.write_text("")
         else:
             restored = self.load(resume_from)
-        self._wandb = self._init_wandb() if config.wandb and self.world.is_main else None
+        self._wandb = self._init_wandb() if config.run.wandb and self.world.is_main else None
         for row in restored:  # checkpointed rows a killed process never logged
             self._log_wandb(row)
         self.push_weights(force=True)  # a sampler with its own copy starts from these weights (resumed ones too)
@@ -173,7 +174,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         with distributed.main_first():  # rank 0 converts and caches the model first; the others load it
             self.model, self.tokenizer = self.build_model()
         self.ref_model = None
-        if self.config.kl_coef > 0:
+        if self.config.rl.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.peft_model = run_setup.add_lora(self.model, self.config)
         self.policy = self.model if self.peft_model is None else self.peft_model.get_base_model()
@@ -186,10 +187,10 @@ class TrainingRun(RunCheckpoints, RunFinish):
         with distributed.main_first():  # rank 0 builds and caches a local index first; the others load it
             self.collector = run_setup.make_collector(config, self.agent, shard=(self.world.rank, self.world.size))
         env = self.collector.envs[0].unwrapped
-        if config.num_questions is not None and config.num_questions > env.num_examples:
+        if config.env.num_questions is not None and config.env.num_questions > env.num_examples:
             raise DataError(
-                f"--num-questions {config.num_questions} is more than the {env.num_examples} questions of "
-                f"{getattr(env, 'data_file', None) or config.split}"
+                f"--num-questions {config.env.num_questions} is more than the {env.num_examples} questions of "
+                f"{getattr(env, 'data_file', None) or config.env.split}"
             )
         run_setup.check_question_lengths(config, env)
         self.validation_indices = run_setup.validation_indices(config, env.num_examples)
@@ -199,9 +200,9 @@ class TrainingRun(RunCheckpoints, RunFinish):
         """Shard the policy (``--fsdp``) before AdamW sees its parameters, then AdamW over the trainable ones and the
         learner's own groups, then DDP around the policy when several ranks replicate it."""
         # --fsdp: shard the policy in place before the optimizer sees its parameters (they become DTensor shards)
-        self.fsdp = self.config.fsdp and distributed.wrap_fsdp(self.policy, self.device)
+        self.fsdp = self.config.run.fsdp and distributed.wrap_fsdp(self.policy, self.device)
         """Whether the policy is sharded over the ranks (FSDP2); else replicated (DDP) or one process."""
-        if self.config.fsdp and not self.fsdp:
+        if self.config.run.fsdp and not self.fsdp:
             logger.info("--fsdp: one process has nothing to shard; the model trains whole")
         self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
         learner_groups = self.learner_param_groups()
@@ -246,7 +247,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         """
         if not hasattr(self.sampler, "load_weights"):
             return None
-        if not force and self.step % self.config.sync_weights_every:
+        if not force and self.step % self.config.model.sync_weights_every:
             return 0.0
         start = time.perf_counter()
         with self.full_weights(), _merged_lora(self.peft_model):
@@ -307,7 +308,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
             latest = find_latest(self.checkpoint_dir)
             damaged = damaged_checkpoints(self.checkpoint_dir) if latest is None else {}
         latest, damaged = distributed.broadcast_object((latest, damaged))
-        if not self.config.resume:
+        if not self.config.run.resume:
             if latest is not None or damaged:
                 raise FileExistsError(
                     f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
@@ -326,13 +327,13 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 "drop --resume to start a new run (or check --run-dir)"
             )
         saved = read_state(latest).get("config", {})
-        if saved.get("algo", self.config.algo) != self.config.algo:  # its state is another learner's
+        if saved.get("algo", self.config.run.algo) != self.config.run.algo:  # its state is another learner's
             raise DataError(
-                f"--resume: {latest} is a checkpoint of {saved['algo']}, this run is {self.config.algo}: resume it "
+                f"--resume: {latest} is a checkpoint of {saved['algo']}, this run is {self.config.run.algo}: resume it "
                 f"with python -m algos.{saved['algo']}, or start from its weights in another --run-dir with "
                 f"--model {self.run_dir / 'final'} (once it has finished)"
             )
-        named = {name.replace("-", "_") for name in self.config.resume_changed}
+        named = {name.replace("-", "_") for name in self.config.run.resume_changed}
         unnamed = {k: v for k, v in changed_settings(saved, self.config).items() if k not in named and k != "lora"}
         if unnamed:
             listing = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in unnamed.items())
@@ -342,11 +343,12 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 f"name them to go on with the new ones (--resume-changed {flags}), or start a new run in another "
                 "--run-dir"
             )
-        if "lora" in saved and bool(saved["lora"]) != self.config.lora:  # its weights would not fit the policy
+        if "lora" in saved and bool(saved["lora"]) != self.config.model.lora:  # its weights would not fit the policy
             trained = {True: "a LoRA adapter (--lora)", False: "every weight (no --lora)"}
             raise DataError(
-                f"--resume: {latest} trained {trained[bool(saved['lora'])]}, this run {trained[self.config.lora]}: "
-                "resume with the checkpoint's setting, or start a new run in another --run-dir"
+                f"--resume: {latest} trained {trained[bool(saved['lora'])]}, "
+                f"this run {trained[self.config.model.lora]}: resume with the checkpoint's setting, or start a new run "
+                "in another --run-dir"
             )
         return latest
 
@@ -362,13 +364,13 @@ class TrainingRun(RunCheckpoints, RunFinish):
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id)
         return wandb.init(
-            project=self.config.wandb_project,
-            name=self.config.name,
+            project=self.config.run.wandb_project,
+            name=self.config.run.name,
             id=run_id,
             resume="allow",
             dir=str(self.run_dir),
             mode=mode,
-            config=dataclasses.asdict(self.config),
+            config=self.config.flat(),
         )
 
     def check_run_dir(self) -> None:
@@ -414,9 +416,9 @@ class TrainingRun(RunCheckpoints, RunFinish):
         torch thread count follows the machine's load (`run_control.TorchThreads`).
         """
         cfg = self.config
-        budget = math.inf if cfg.max_train_minutes is None else 60.0 * cfg.max_train_minutes
+        budget = math.inf if cfg.optim.max_train_minutes is None else 60.0 * cfg.optim.max_train_minutes
         last_step = 0.0
-        saved_step = self.step if cfg.resume else None  # a resumed run's step has its checkpoint on disk
+        saved_step = self.step if cfg.run.resume else None  # a resumed run's step has its checkpoint on disk
         with run_control.StopSignals() as stop:
             while True:
                 # data parallel: a signal to any rank stops every rank after the same step
@@ -425,16 +427,18 @@ class TrainingRun(RunCheckpoints, RunFinish):
                     self.check_run_dir()  # a directory that is no longer this run's gets no checkpoint either
                     checkpoint = find_latest(self.checkpoint_dir) if self.step == saved_step else self.save()
                     raise run_control.Interrupted(signum, self.step, checkpoint if self.world.is_main else None)
-                if self.step >= cfg.steps:
+                if self.step >= cfg.optim.steps:
                     break
                 if self.elapsed + last_step > budget:
-                    logger.info("training-time budget of %.1f min reached at step %d", cfg.max_train_minutes, self.step)
+                    logger.info(
+                        "training-time budget of %.1f min reached at step %d", cfg.optim.max_train_minutes, self.step
+                    )
                     self.stopped_early = True
                     break
                 self.threads.recheck()
                 start = time.perf_counter()
                 self.set_lr()
-                metrics = self.sft_step() if cfg.algo == "sft" else self.train_step()
+                metrics = self.sft_step() if cfg.run.algo == "sft" else self.train_step()
                 self.update_average()
                 # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set
                 # the same lr); a rank that stopped alone would leave the others waiting in a collective
@@ -443,7 +447,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self.elapsed += last_step
                 metrics["time/elapsed"] = self.elapsed
                 self._unsaved_metrics.append(metrics)
-                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < cfg.optim.steps:
                     ckpt_start = time.perf_counter()
                     self.save()  # rank 0 writes (under --fsdp every rank writes its shards)
                     saved_step = self.step
@@ -455,19 +459,19 @@ class TrainingRun(RunCheckpoints, RunFinish):
     def set_lr(self) -> None:
         """Scale every parameter group's lr by `lr_factor` of the run's progress (steps or minutes, the further)."""
         cfg = self.config
-        done = self.step / cfg.steps
-        if cfg.max_train_minutes is not None:
-            done = max(done, self.elapsed / (60.0 * cfg.max_train_minutes))
+        done = self.step / cfg.optim.steps
+        if cfg.optim.max_train_minutes is not None:
+            done = max(done, self.elapsed / (60.0 * cfg.optim.max_train_minutes))
         for group in self.optimizer.param_groups:
             group.setdefault("peak_lr", group["lr"])
-            group["lr"] = group["peak_lr"] * lr_factor(cfg.lr_schedule, done)
+            group["lr"] = group["peak_lr"] * lr_factor(cfg.optim.lr_schedule, done)
 
     def train(self) -> dict[str, Any]:
-        """Run to ``config.steps``, save the final checkpoint and model, evaluate, print and return a summary."""
+        """Run to ``config.optim.steps``, save the final checkpoint and model, evaluate, print and return a summary."""
         from tqdm.auto import tqdm
 
-        budget = self.config.max_train_minutes
-        bar_kwargs: dict[str, Any] = {"total": self.config.steps, "initial": self.step, "unit": "step"}
+        budget = self.config.optim.max_train_minutes
+        bar_kwargs: dict[str, Any] = {"total": self.config.optim.steps, "initial": self.step, "unit": "step"}
         if budget is not None:  # the budget ends the run, so the bar counts training minutes, not steps
             bar_kwargs = {
                 "total": budget,
@@ -475,18 +479,18 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 "unit": "min",
                 "bar_format": "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} training min {postfix}",
             }
-        show = self.config.progress and self.world.is_main
-        with tqdm(desc=self.config.name, disable=not show, dynamic_ncols=True, **bar_kwargs) as bar:
+        show = self.config.run.progress and self.world.is_main
+        with tqdm(desc=self.config.run.name, disable=not show, dynamic_ncols=True, **bar_kwargs) as bar:
             for metrics in self.steps():
                 bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
-        summary: dict[str, Any] = {"run": self.config.name, "steps": self.step, "rank": self.world.rank}
+        summary: dict[str, Any] = {"run": self.config.run.name, "steps": self.step, "rank": self.world.rank}
         with run_control.StopSignals() as stop:  # a signal now waits for the final model, then skips the scoring
             self.check_run_dir()
             checkpoint = self.save()  # rank 0 writes; the other ranks nothing (under --fsdp each its shards)
             distributed.barrier()  # every checkpoint is on disk before any rank lists them
             validation = None
-            if self.config.validation_questions:  # the best kept checkpoint on held-out training questions
+            if self.config.run.validation_questions:  # the best kept checkpoint on held-out training questions
                 from algos.run.evaluation import select_checkpoint
 
                 validation = select_checkpoint(self)
@@ -500,7 +504,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
             summary["torch_threads"] = self.threads.describe()
             if validation is not None:
                 summary["validation"] = validation
-        if self.config.eval_questions > 0 and not self.config.is_query_rewrite:
+        if self.config.run.eval_questions > 0 and not self.config.env.is_query_rewrite:
             try:  # a signal now stops the scoring at once: the training and its final model are on disk
                 with run_control.StopSignals(at_once=True):
                     self._score(summary, validation)

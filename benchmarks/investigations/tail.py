@@ -49,7 +49,6 @@ def run_part(tree: Path, part: dict[str, Any], run: Path, threads: int, out: Pat
 
 def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
     """Score one model as the tail does (`algos.run.evaluation.score_held_out`), writes its seconds and predictions."""
-    import dataclasses
 
     import torch
 
@@ -63,11 +62,11 @@ def worker(part: dict[str, Any], run: Path, threads: int, out: Path) -> None:
     from algos.run.evaluation import score_held_out
 
     saved = json.loads((run / "redcoda_config.json").read_text())
-    fields = {f.name for f in dataclasses.fields(Config)}
-    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields})
-    config = dataclasses.replace(config, progress=False, eval_questions=part.get("dev", config.eval_questions))
+    names = Config.flat_types()
+    config = Config().with_values(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in names})
+    config = config.with_values(progress=False, eval_questions=part.get("dev", config.run.eval_questions))
     if part.get("batch"):
-        config = dataclasses.replace(config, eval_batch_size=part["batch"])
+        config = config.with_values(eval_batch_size=part["batch"])
     model, tokenizer = load_model(part.get("model"))
     if part.get("checkpoint"):
         from safetensors.torch import load_file
