@@ -238,38 +238,26 @@ class Trainer(TrainingRun):
 
     def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
         """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
-        cfg = self.config
+        rl = self.config.rl
         mask = part["loss_mask"]  # (n, L-1)
-        logp, _ = self._logprobs(self.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
+        logp, _ = self._logprobs(self.policy, part, temperature=rl.temperature)  # (n, L-1)
+        is_weight = part.get("is_weight", None)  # --tis-cap: truncated importance weights (`_old_logp`)
+        clip = (rl.clip_eps, rl.clip_eps_high)
         terms = policy_loss(
-            logp,
-            part["old_logp"],
-            part["adv"],
-            mask,
-            cfg.rl.clip_eps,
-            cfg.rl.clip_eps_high,
-            num_tokens=num_tokens,
-            is_weight=part.get("is_weight", None),  # --tis-cap: truncated importance weights (`_old_logp`)
+            logp, part["old_logp"], part["adv"], mask, *clip, num_tokens=num_tokens, is_weight=is_weight
         )
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
-            terms["loss_kl"] = cfg.rl.kl_coef * kl_penalty(
-                logp, ref_logp, mask, cfg.rl.kl_estimator, num_tokens=num_tokens
-            )
+                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=rl.temperature)
+            terms["loss_kl"] = rl.kl_coef * kl_penalty(logp, ref_logp, mask, rl.kl_estimator, num_tokens=num_tokens)
         return terms
 
     def sft_indices(self, step: int) -> Sequence[int]:
         """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
-        cfg = self.config
-        roles = [d.role for d in self.demos] if cfg.sft.sft_planner_share is not None else None
+        sft, seed = self.config.sft, self.config.run.seed
+        roles = [d.role for d in self.demos] if sft.sft_planner_share is not None else None
         return sample_indices(
-            len(self.demos),
-            cfg.sft.sft_batch_size,
-            cfg.run.seed,
-            step,
-            roles=roles,
-            planner_share=cfg.sft.sft_planner_share,
+            len(self.demos), sft.sft_batch_size, seed, step, roles=roles, planner_share=sft.sft_planner_share
         )
 
     def sft_minibatch(self, step: int) -> TensorDict:
