@@ -20,6 +20,18 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def share_of_the_cores():
+    """Under pytest-xdist (`-n`), each worker gives torch its share of the cores: N workers at torch's default of
+    one thread per core would each spin on every core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    yield
+
+
 @pytest.fixture(scope="session")
 def hotpot_corpus():
     """The bundled 17,645-paragraph HotpotQA corpus."""
