@@ -29,7 +29,6 @@ def share_of_the_cores():
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    yield
 
 
 @pytest.fixture(scope="session")
