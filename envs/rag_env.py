@@ -26,6 +26,7 @@ from envs.rewards import (
     exact_match,
     f1_score,
     format_score,
+    normalize_answer,
     refine_score,
     title_recall,
 )
@@ -137,6 +138,8 @@ class _Episode:
     malformed_tags: set[str] = field(default_factory=set)
     refines: list[str] = field(default_factory=list)
     retrieved_titles: set[str] = field(default_factory=set)
+    queries: set[str] = field(default_factory=set)
+    """Every query the episode searched, normalized (a repeat is flagged in the search step's info)."""
     transcript: list[tuple[str, str]] = field(default_factory=list)
     asked: str = ""
     """The open context's question (an executor's: its task), as its user message shows it."""
@@ -503,8 +506,19 @@ class RAGEnv(gym.Env[str, str]):
             episode.last_retrieval_error = info["retrieval_error"] = _excerpt(f"{type(err).__name__}: {err}")
             return f"<information>Search failed ({type(err).__name__}); try again.</information>"
         episode.num_searches += 1
-        episode.retrieved_titles.update(p.title for p in passages)
+        # what this search brought that the episode had not seen: the per-search credit of a trainer (StepSearch's
+        # information gain, David-GRPO's repeated-query rule) reads it here, so the env stays the one judge of evidence
+        seen = {t.strip().lower() for t in episode.retrieved_titles}
+        gold = {t.strip().lower() for t in episode.example.gold_titles}
+        titles = [p.title for p in passages]
+        normalized = " ".join(normalize_answer(query).split())
         info["doc_ids"] = [p.doc_id for p in passages]
+        info["titles"] = titles
+        info["new_gold_titles"] = len({t.strip().lower() for t in titles} & gold - seen)
+        info["gold_titles_total"] = len(gold)
+        info["repeated_query"] = normalized in episode.queries
+        episode.queries.add(normalized)
+        episode.retrieved_titles.update(titles)
         if self.observation_format == "search_r1":
             return protocol.format_passages_search_r1(passages)
         return protocol.format_passages(passages, self.max_passage_words)

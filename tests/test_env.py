@@ -131,6 +131,20 @@ def test_an_evidence_recall_weight_credits_the_gold_titles_the_searches_returned
     assert plain == pytest.approx(episode_reward(0.0, 0.5, 0.0))
 
 
+def test_each_search_step_reports_the_gold_titles_it_brought_first_and_a_repeated_query():
+    """A search step's info says which titles came back, how many gold titles no earlier search of the episode had
+    returned, and whether the query (normalized as answers are) was searched before: what per-search credit reads."""
+    env = make()
+    env.reset(options={"index": 3})
+    gold = {t.lower() for t in env.unwrapped._episode.example.gold_titles}
+    _, _, _, _, first = env.step("<search>Qazi Touqeer</search>")
+    assert first["titles"] and first["gold_titles_total"] == len(gold) == 2
+    assert first["new_gold_titles"] == len({t.lower() for t in first["titles"]} & gold) > 0
+    assert first["repeated_query"] is False
+    _, _, _, _, again = env.step("<search>  qazi TOUQEER! </search>")  # the same query, other case and punctuation
+    assert again["repeated_query"] is True and again["new_gold_titles"] == 0
+
+
 def test_truncation_scores_as_no_answer():
     env = make(max_turns=2)
     reward, terminated, truncated, info = run(env, 0, ["<search>a</search>", "<search>b</search>"])
