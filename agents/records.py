@@ -79,6 +79,26 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class SearchTurn:
+    """One search an episode made that returned results: where its tokens lie and what it brought (the env's info)."""
+
+    generation: int
+    """Index into `Trajectory.generations` of the context that wrote the search (an executor's under CoDA)."""
+    start: int
+    """First token of the search turn's completion in that generation's ``token_ids``."""
+    end: int
+    """One past its last token."""
+    position: int
+    """1 for the episode's first search that returned results, 2 for its second, ..."""
+    new_gold_titles: int
+    """Gold titles among its passages that no earlier search of the episode returned."""
+    gold_titles_total: int
+    """The question's gold titles (0 where the data has none)."""
+    repeated_query: bool
+    """Its query, normalized, was searched before in the episode."""
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode of one agent in one env."""
 
@@ -99,5 +119,7 @@ class Trajectory:
     search_ends: tuple[int, ...] = ()
     """For each search that returned results while the episode went on: how many actions it had taken through it
     (the points where a branch may start)."""
+    searches: tuple[SearchTurn, ...] = ()
+    """Every search that returned results, in order (what per-search credit reads, `algos.search_credit`)."""
     tree_id: int | None = None
     """Episodes of one tree (`agents.tree`: a root episode and its branches) share it; None: played independently."""

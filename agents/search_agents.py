@@ -23,12 +23,12 @@ its executor.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from agents.records import Completion, Generation, SamplingParams, Trajectory
+from agents.records import Completion, Generation, SamplingParams, SearchTurn, Trajectory
 from agents.samplers import Sampler, encode_chat, overflow
 from envs.batching import prefetch_searches
 
@@ -59,6 +59,8 @@ class _Context:
     loss_mask: list[int]
     logprobs: list[float]
     truncated_tokens: int = 0
+    searches: list[SearchTurn] = field(default_factory=list)
+    """This context's searches; their ``generation`` is set when the episode's contexts are ordered (`_searches`)."""
 
     def add_prompt(self, ids: Sequence[int]) -> None:
         self.token_ids.extend(ids)
@@ -89,6 +91,8 @@ class _Slot:
     parked: list[_Context] = field(default_factory=list)
     """Contexts waiting for control to come back (a planner while its executor works)."""
     closed: list[Generation] = field(default_factory=list)
+    closed_searches: list[list[SearchTurn]] = field(default_factory=list)
+    """The searches of each closed context, in the order of ``closed``."""
     actions: list[str] = field(default_factory=list)
     turns: list[Completion] = field(default_factory=list)
     """The completion behind each action, sampled or replayed."""
@@ -224,6 +228,7 @@ class ContextAgent:
                 tuple(s.actions),
                 turns=tuple(s.turns),
                 search_ends=tuple(s.search_ends),
+                searches=_searches(s),
             )
             for s in slots
         ]
@@ -276,12 +281,25 @@ class ContextAgent:
         if completion.finish_reason == "error":
             slot.sampler_errors += 1  # recorded; the env sees the empty action as an invalid turn
             slot.sampler_error = slot.sampler_error or completion.error
+        start = len(slot.context.token_ids)
         slot.context.add_sample(completion)
         action = completion.text
         slot.actions.append(action)
         slot.turns.append(completion)
         obs, reward, terminated, truncated, info = slot.env.step(action)
         slot.last_obs, role = obs, info["role"]
+        if "doc_ids" in info:  # a search that returned results: where its tokens are and what it brought
+            position = 1 + sum(len(c) for c in slot.closed_searches) + sum(len(c.searches) for c in slot.parked)
+            search = SearchTurn(
+                -1,
+                start,
+                len(slot.context.token_ids),
+                position + len(slot.context.searches),
+                int(info.get("new_gold_titles", 0)),
+                int(info.get("gold_titles_total", 0)),
+                bool(info.get("repeated_query", False)),
+            )
+            slot.context.searches.append(search)
         if terminated or truncated:
             self._finish(slot, float(reward), info)
             return
@@ -293,6 +311,7 @@ class ContextAgent:
             return
         if role != slot.context.role:  # the executor answered: close its context, resume the planner's
             slot.closed.append(slot.context.freeze())
+            slot.closed_searches.append(slot.context.searches)
             if not self._keep:
                 self._release(slot.context)
             slot.context = slot.parked.pop()
@@ -303,8 +322,9 @@ class ContextAgent:
             self._finish(slot, reward, {**info, "context_overflow": True})
 
     def _finish(self, slot: _Slot, reward: float, info: dict[str, Any]) -> None:
-        slot.closed.append(slot.context.freeze())
-        slot.closed.extend(context.freeze() for context in reversed(slot.parked))
+        for context in (slot.context, *reversed(slot.parked)):
+            slot.closed.append(context.freeze())
+            slot.closed_searches.append(context.searches)
         if not self._keep:
             for context in (slot.context, *slot.parked):
                 self._release(context)
@@ -321,6 +341,12 @@ class ContextAgent:
         release = getattr(sampler, "release", None)
         if callable(release):
             release(context.token_ids)
+
+
+def _searches(slot: _Slot) -> tuple[SearchTurn, ...]:
+    """The episode's searches in the order it made them, each naming its context's index in ``slot.closed``."""
+    found = [replace(search, generation=g) for g, searches in enumerate(slot.closed_searches) for search in searches]
+    return tuple(sorted(found, key=lambda search: search.position))
 
 
 def _with_stop(params: SamplingParams) -> SamplingParams:

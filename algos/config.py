@@ -202,6 +202,8 @@ class Config:
                 "--validation-questions with --weight-average: choose one (the checkpoints hold the weights, the "
                 "average is a different model)"
             )
+        if self.rl.question_draw == "reachable" and self.env.is_query_rewrite:
+            raise ValueError("--question-draw reachable: the query-rewrite env has no answers for BM25 to show")
         if self.run.validation_questions and self.env.is_query_rewrite:
             raise ValueError("--validation-questions: the query-rewrite env scores no answers to select by")
 
@@ -211,6 +213,11 @@ class Config:
             raise ValueError(
                 f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
                 "each rank's turns alone and drift apart; run it as one process (python -m algos.archer)"
+            )
+        if ranks > 1 and self.rl.max_resample_batches:
+            raise ValueError(
+                f"--max-resample-batches (dynamic sampling) runs in one process, not {ranks} ranks: the groups kept "
+                "could leave a rank without rows; run it as one process or with --max-resample-batches 0"
             )
         if self.run.fsdp and not self.optim.context_grad and ranks > 1:
             raise ValueError(

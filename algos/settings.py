@@ -242,7 +242,25 @@ class RLSettings:
     clip_eps_high: float | None = None
     """Upper ratio clip (DAPO clip-higher); None uses clip_eps."""
     advantage_std_scale: bool = True
-    """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO)."""
+    """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO), so an advantage keeps the size
+    of the reward gap it comes from (with 2 episodes a question the std division makes every untied pair +-0.707)."""
+    pg_token_norm: Literal["all", "signal"] = "all"
+    """Divisor of the policy-gradient token mean: all (every sampled token of the batch) or signal (the sampled tokens
+    of the contexts whose advantage is not 0, DAPO's: tied groups then cost the RL term nothing against SFT's)."""
+    max_resample_batches: int = 0
+    """Dynamic sampling (DAPO): while fewer than questions_per_step groups carry a non-zero advantage, play up to this
+    many more batches of new questions (each only as many as are missing) and keep the groups with a signal, dropping
+    tied ones, before the update; 0: off (tied groups stay in the batch)."""
+    question_draw: Literal["all", "reachable"] = "all"
+    """Which training questions the rollouts draw: all, or reachable (those whose answer BM25 shows to the question as
+    a query, or to one more search of a gold title the question or those results name, and yes/no questions: the
+    difficulty table of `algos.difficulty`, made once per env settings); the demonstrations are unchanged."""
+    search_credit: float = 0.0
+    """Per-search credit (`algos.search_credit`): weight of each search turn's own advantage (the share of gold titles
+    it brought first, minus repeat_penalty for a repeated query, centred among its group's searches at the same
+    position), added on that turn's tokens only; 0: off."""
+    repeat_penalty: float = 0.5
+    """search_credit: subtracted from the reward of a search whose query the episode searched before."""
     skip_zero_advantage: bool = True
     """Leave contexts whose advantage is 0 out of the policy-gradient pass (their gradient is exactly 0)."""
     old_logp: Literal["auto", "sampler", "recompute"] = "auto"

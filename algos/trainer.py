@@ -34,6 +34,7 @@ from agents.records import Trajectory
 from agents.torchrl_layout import add_torchrl_keys
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
+from algos.dynamic_sampling import signal_groups, signal_rows
 from algos.losses import (
     entropy_estimate,
     group_advantages,
@@ -44,6 +45,7 @@ from algos.losses import (
     tree_advantages,
 )
 from algos.run.training_run import TrainingRun, sync
+from algos.search_credit import token_advantages
 from algos.sft_data import sample_indices
 from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
 
@@ -115,22 +117,20 @@ class Trainer(TrainingRun):
             probe = min(max(probe, self.world.size), cfg.rl.questions_per_step)
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
         with self.full_weights():
-            with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-                self.collector.batch_questions = probe
-                collected = next(self.batches)  # data parallel: this rank's share of the step's groups
-            trajectories = self.collector.last_trajectories  # the records behind the batch
-            self._collected = (trajectories, collected)
+            trajectories, gathered, played, resampled = self._play(probe)
             t_rollout = time.perf_counter() - step_start
-            gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
-            infos = [t.info for t in gathered]
+            infos = [t.info for t in played]
             # a step whose searches or generations failed past their allowed share stops the run before the update
             _, retrieval_error_rate = episode_checks.check_retrieval(infos, self.step + 1, cfg)
             sampler_error_rate = episode_checks.check_sampler(infos, self.step + 1, cfg)
 
             # advantages and old log-probs, before the update
             start = time.perf_counter()
-            rewards = torch.tensor([t.reward for t in gathered], dtype=torch.float32)  # (B,)
+            rewards = torch.tensor([t.reward for t in played], dtype=torch.float32)  # (B,): every episode played
             batch, batch_metrics = self.make_batch(trajectories)
+            if cfg.rl.max_resample_batches:  # what dynamic sampling cost and kept
+                kept = len({t.group_id for t in gathered})
+                batch_metrics |= {"train/resample_batches": resampled, "train/groups_kept": kept}
             add_torchrl_keys(batch)  # from the final old log-probs and advantages
             self._collected = None
         self.last_step_tied = rewards_tied(gathered)
@@ -142,17 +142,46 @@ class Trainer(TrainingRun):
         batch_metrics = distributed.mean_over_ranks(batch_metrics)
         return Rollouts(
             batch=batch,
-            episodes=gathered,
+            episodes=played,
             rewards=rewards,
             batch_metrics=batch_metrics,
             rl_entropy=rl_entropy,
-            accuracy=answer_accuracy(gathered),
+            accuracy=answer_accuracy(played),
             retrieval_error_rate=retrieval_error_rate,
             sampler_error_rate=sampler_error_rate,
             started=step_start,
             t_rollout=t_rollout,
             t_old_logp=t_old_logp,
         )
+
+    def _play(self, probe: int | None) -> tuple[list[Trajectory], list[Trajectory], list[Trajectory], int]:
+        """Play the step's groups: this rank's episodes to train on, every rank's of them, every episode played, and
+        how many extra batches dynamic sampling (``max_resample_batches``, one process) played for groups whose
+        advantage is not 0 (`algos.dynamic_sampling`); without it the first three are the one batch's."""
+        rl = self.config.rl
+        with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
+            self.collector.batch_questions = probe
+            collected = next(self.batches)  # data parallel: this rank's share of the step's groups
+        trajectories = self.collector.last_trajectories  # the records behind the batch
+        self._collected = (trajectories, collected)
+        gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
+        if not rl.max_resample_batches:
+            return trajectories, gathered, gathered, 0
+        wanted, played, rounds = probe or rl.questions_per_step, list(trajectories), 0
+        keep = signal_groups(played, rl.search_credit, rl.repeat_penalty)
+        while len(keep) < wanted and rounds < rl.max_resample_batches:
+            with self.autocast():
+                self.collector.batch_questions = wanted - len(keep)  # only as many new questions as are missing
+                next(self.batches)
+            played += self.collector.last_trajectories
+            keep, rounds = signal_groups(played, rl.search_credit, rl.repeat_penalty), rounds + 1
+        if not keep:  # no group carries a signal: the first batch, all tied, as without dynamic sampling
+            return trajectories, gathered, played, rounds
+        chosen = set(keep[:wanted])
+        kept = [t for t in played if t.group_id in chosen]
+        if rounds or len(kept) != len(trajectories):  # not the batch the collector yielded: collate anew
+            self._collected = None
+        return kept, kept, played, rounds
 
     def update(self, rollouts: Rollouts) -> dict[str, float]:
         """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
@@ -206,8 +235,13 @@ class Trainer(TrainingRun):
             The terms' metrics: ``loss_*``, ``rl/*``, ``sft/*`` and the ``tokens/trained_*`` counts.
         """
         metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        metrics["rl/grad_norm"] = _norm(grads)  # each term's gradient norm, before clipping (this rank's gradient)
         if sft_batch is not None:
+            rl_grads = {id(p): p.grad.detach().clone() for p in self.trainable if p.grad is not None}
             metrics.update(self._sft_backward(sft_batch, sft_weight))  # + w * sft_coef * loss_sft
+            sft_grads = [p.grad - rl_grads[id(p)] if id(p) in rl_grads else p.grad for p in self.trainable]
+            metrics["sft/grad_norm"] = _norm([g for g in sft_grads if g is not None])
         return metrics
 
     def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
@@ -223,8 +257,12 @@ class Trainer(TrainingRun):
         else:
             adv = group_advantages(rewards, group_id, scale=self.config.rl.advantage_std_scale)  # (B,)
         batch = self.collate(trajectories)
-        batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
-        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean())}
+        rl = self.config.rl
+        if rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
+            batch["adv"] = token_advantages(trajectories, adv, batch["loss_mask"], rl.search_credit, rl.repeat_penalty)
+        else:
+            batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
+        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean()), "rl/signal_rows": _share(signal_rows(batch))}
         if self.config.recompute_old_logp:
             metrics.update(self._old_logp(batch))
         return batch, metrics
@@ -272,16 +310,21 @@ class Trainer(TrainingRun):
         """
         cfg = self.config
         rows = list(range(batch.batch_size[0]))
-        if cfg.rl.skip_zero_advantage and cfg.rl.kl_coef == 0 and batch["adv"].ndim == 1:
-            rows = [i for i in rows if float(batch["adv"][i]) != 0.0]
+        if cfg.rl.skip_zero_advantage and cfg.rl.kl_coef == 0 and "adv" in batch.keys():
+            signal = signal_rows(batch).tolist()
+            rows = [i for i in rows if signal[i]]
         lengths = batch["attention_mask"].sum(-1).tolist()
         return [[rows[j] for j in mb] for mb in micro_batches([lengths[i] for i in rows], cfg.optim.micro_batch_tokens)]
 
     def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
         """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
-        # every sampled token of the batch is the token-mean divisor; data parallel: of every rank's batch, so the
-        # ranks' gradients sum to the one-process gradient (algos.distributed)
-        (num_tokens,) = distributed.all_sum(float(batch["loss_mask"].sum()))
+        # every sampled token of the batch is the token-mean divisor (pg_token_norm=signal: those of the contexts whose
+        # advantage is not 0, DAPO's); data parallel: of every rank's batch, so the ranks' gradients sum to the
+        # one-process gradient (algos.distributed)
+        counted = batch["loss_mask"]
+        if self.config.rl.pg_token_norm == "signal":
+            counted = counted[signal_rows(batch)]
+        (num_tokens,) = distributed.all_sum(float(counted.sum()))
         parts = self.rl_micro_batches(batch)
         contexts = sum(len(part_rows) for part_rows in parts)  # every row that runs is in exactly one micro-batch
         losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
@@ -397,3 +440,14 @@ class Trainer(TrainingRun):
             raise ValueError(
                 f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.run.algo} lacks"
             )
+
+
+def _norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The L2 norm of `tensors` together (a sharded tensor's local shard: this rank's part)."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return float(torch.stack([t.detach().float().square().sum() for t in local]).sum().sqrt()) if local else 0.0
+
+
+def _share(flags: torch.Tensor) -> float:
+    """The share of True in a bool tensor (0 when empty)."""
+    return float(flags.float().mean()) if flags.numel() else 0.0

@@ -161,15 +161,21 @@ def make_optimizer(
     )
 
 
-def training_indices(config: Config, size: int) -> range:
+def training_indices(config: Config, size: int) -> Sequence[int]:
     """The questions of a `size`-question training split that rollouts draw from: the first ``num_questions``
-    (all when None), less the last ``validation_questions`` (`validation_indices`)."""
+    (all when None), less the last ``validation_questions`` (`validation_indices`); with ``question_draw=reachable``
+    only those the env can reward (`algos.difficulty`)."""
     end = size - config.run.validation_questions
     if end < 1:
         raise DataError(
             f"--validation-questions {config.run.validation_questions} leaves none of the {size} training questions"
         )
-    return range(end if config.env.num_questions is None else min(end, config.env.num_questions))
+    indices = range(end if config.env.num_questions is None else min(end, config.env.num_questions))
+    if config.rl.question_draw == "reachable":
+        from algos.difficulty import load_table, reachable
+
+        return reachable(indices, load_table(config.env.env_id, config.env_kwargs))
+    return indices
 
 
 def validation_indices(config: Config, size: int) -> range:
