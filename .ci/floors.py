@@ -2,8 +2,9 @@
 
     python .ci/floors.py lucene dense server train dev > floors.txt
 
-`.ci/floors` installs the project with these pins as constraints, so the floors pyproject.toml states are
-the versions CI has run; a floor the code outgrew fails there, not on a user's machine.
+`.ci/floors` installs the project with these pins as constraints and runs a slice of the tests on them: a floor
+the code outgrew fails there, not on a user's machine. CI does not run it (a second torch install of several GB);
+run it when a dependency or a floor changes (docs/install.md, "Version floors").
 """
 
 from __future__ import annotations
