@@ -3,6 +3,8 @@ the per-term gradient norms, on hand-built episodes (the arithmetic) and through
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -184,3 +186,27 @@ def test_the_reachable_draw_leaves_out_questions_bm25_cannot_answer(tmp_path, mo
     path.parent.mkdir(parents=True)
     path.write_text('{"kinds": ' + str(full).replace("'", '"') + "}")
     assert list(training_indices(config, 1325))[:4] == [1, 2, 4, 5]
+
+
+def test_the_step_signal_report_counts_signal_steps_and_reds_moves(tmp_path, capsys):
+    from benchmarks.step_signal import main
+
+    rows = [
+        {"train/episodes": 4, "rl/signal_rows": 0.0, "time/step": 30.0, "red/entropy_weight": 1.0,
+         "red/accuracy_factor": 5.0, "red/final_weight": 5.0, "rl/grad_norm": 0.0, "sft/grad_norm": 2.0},
+        {"train/episodes": 8, "rl/signal_rows": 0.5, "time/step": 30.0, "red/entropy_weight": 2.0,
+         "red/accuracy_factor": 1.0, "red/final_weight": 2.0, "rl/grad_norm": 1.0, "sft/grad_norm": 2.0},
+        {"loss_sft": 1.0},  # an SFT-only row is not an RL step
+    ]  # fmt: skip
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n")
+    (summary,) = main([str(path)])
+    assert summary["steps"] == 2 and summary["steps_per_minute"] == pytest.approx(2.0)
+    assert summary["signal_steps"] == 0.5 and summary["episodes_per_step"] == 6
+    assert summary["red_entropy_inside"] == 0.5 and summary["red_accuracy_changed"] == 1.0
+    assert "signal_steps 0.5" in capsys.readouterr().out
+    empty = tmp_path / "sft.jsonl"
+    empty.write_text(json.dumps({"loss_sft": 1.0}) + "\n")
+    with pytest.raises(SystemExit) as stop:
+        main([str(empty)])
+    assert stop.value.code == 2
