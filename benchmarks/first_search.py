@@ -3,12 +3,13 @@
     python -m benchmarks.first_search runs/red/eval.json [runs/compare/evals/*.json ...]
     redcoda-first-search runs/red/eval.json                        # the same, as the installed console script
 
-The command line of `algos.run.first_search`, which has what the split means and how it is computed.
+The command line of `envs.first_search`, which has what the split means and how it is computed. It needs only the
+env's dependencies (no torch): the evaluation files are JSON, and the searches are replayed in the env.
 """
 
 from __future__ import annotations
 
-from algos.run.first_search import main
+from envs.first_search import main
 
 
 def cli() -> None:

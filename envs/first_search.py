@@ -21,7 +21,7 @@ dataset's question type (`KINDS`): bridge questions; comparisons whose answer is
 names ("Who is older, A or B?": picking either scores 0.5 on average); other comparisons ("What type of plant are A
 and B?"); yes/no. An evaluation is a main job's ``eval.json``
 (its ``after`` and ``before`` results) or one result written by `benchmarks.evaluate` / `benchmarks.compare`
-(``evals/<run>.json``). Retrieval only: no model is loaded.
+(``evals/<run>.json``). Retrieval only: no model is loaded, and nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - `control` watches the run from outside the step (signals, the training-time budget, the run directory's owner,
   torch threads: `threads`), `memory` refuses a run that cannot fit before it starts, `logs` sets up logging;
 - `evaluation` scores the model before and after training; `first_search` splits a score into reading and
-  searching.
+  searching (`envs.first_search`'s code, which needs no torch).
 
 The algorithm itself (`algos.trainer.Trainer.train_step` and the losses) stays one level up; the files a
 checkpoint is made of are `algos.checkpoints`.
