@@ -251,7 +251,24 @@ class RAGEnv(gym.Env[str, str]):
     (3.075, True, 1.0, 0.75, 1.0, 1)
 
     ## Version History
-    * v0: initial release.
+    * v0: initial release. Changed since under the same id; none changes the reward of an action sequence the
+      release accepted, but the one marked (scores):
+      - coda: an executor out of turns returns only its ``<result>``; its last search results no longer reach
+        the planner's context.
+      - ``retriever="bm25-matrix"`` and ``"bm25-python"`` (batched Lucene ranking, BM25 without a JVM); a
+        shared query cache in front of named retrievers.
+      - ``reset(options={"index": i})`` takes NumPy integers and refuses bools, floats and strings; error
+        observations capped at 1,000 characters; lone UTF-16 surrogates replaced before searching; a failed
+        search is an observation counted in ``retrieval_errors``, apart from ``num_searches``;
+        ``retriever_timeout`` and ``retriever_retries`` arguments.
+      - ``instructions="short"`` and ``question_after_results`` options (off by default).
+      - (scores) a tool argument without a letter or digit (``<answer>...</answer>``) is an invalid action that
+        says so, instead of an answer scored F1 0.
+      - a reward weight on evidence recall (``RewardWeights.recall``, 0 by default); counts, timeouts, retries
+        and reward weights that are NaN, infinite, fractional or out of range raise at construction.
+      - every registered id makes with no arguments (Bamboogle searches the bundled HotpotQA corpus).
+      - a search step's ``info`` holds the titles it returned, how many gold titles no earlier search of the
+        episode returned, and whether its query repeated an earlier one.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
