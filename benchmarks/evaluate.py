@@ -9,17 +9,13 @@
 The command line of `agents.evaluation.evaluate`, which has the agents, the per-question metrics and their intervals
 (below the trainers, because a training run ends with it; this script only reads flags and prints).
 
-Every env setting the trainer takes is a flag here too, with the trainer's name and meaning (data and corpus
-files, retriever or server URL, top_k, passage words, --max-search-turns, --max-planner-turns, protocol,
-instructions, observation format, --question-after-results, the agent's context length, --eval-batch-size), so
-a model can be scored on a user's own data. ``--run-dir DIR`` (or ``--config DIR/redcoda_config.json``) reads a
-trained run's saved config and scores its final/ model in exactly the env it trained in (`EnvSettings.env_id`,
-`Config.env_kwargs`, on its held-out split), as the run's own evaluation did; env flags given with it replace
-single settings. The names of earlier versions (``--batch``, ``--max-turns``: turns per episode,
-``--max-executor-turns``, ``--max-error-rate``) still work; ``--num-questions`` is ``--limit``.
-
-Every number is checked as it is read and the output files as writable, so bad input ends the command in one line
-(``error: ...``, exit status 2) before any model, index or episode.
+Every env setting the trainer takes is a flag here too, with the trainer's name and meaning (`algos.settings.
+EnvSettings`; `--limit` is its `--num-questions`), so a model can be scored on a user's own data. ``--run-dir DIR`` (or
+``--config DIR/redcoda_config.json``) reads a trained run's saved config and scores its final/ model in exactly the env
+it trained in (`EnvSettings.env_id`, `Config.env_kwargs`, on its held-out split), as the run's own evaluation did; env
+flags given with it replace single settings. Earlier names (``--batch``, ``--max-turns``: turns per episode,
+``--max-executor-turns``, ``--max-error-rate``) still work. Every number is checked as it is read and the output
+files as writable: bad input ends the command in one line (``error: ...``, exit 2) before any model or episode.
 
 Agents act greedily unless ``--temperature`` is set. ``--model`` is None or "smollm2-135m" (the bundled
 SmolLM2-135M-Instruct), a local directory (e.g. a trained checkpoint) or a Hugging Face id. It prints each

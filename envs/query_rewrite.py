@@ -33,6 +33,7 @@ import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
 from envs.data import load_examples
+from envs.pickling import BuiltInWorker
 from envs.protocol import format_passages
 from envs.rag_env import check_limits, question_index
 from envs.reward_library import mrr, recall_at_k
@@ -178,7 +179,7 @@ def parse_query(
     return query, None
 
 
-class QueryRewriteEnv(gym.Env[str, str]):
+class QueryRewriteEnv(BuiltInWorker, gym.Env[str, str]):
     """Rewrite a question as a search query; the reward is the recall@k of its gold paragraphs.
 
     ## Description

@@ -18,6 +18,7 @@ from gymnasium.error import ResetNeeded
 
 from envs import protocol
 from envs.data import QAExample, bundled_path, load_examples, pooled_passages
+from envs.pickling import BuiltInWorker
 from envs.protocol import INSTRUCTION_STYLES, OBSERVATION_FORMATS
 from envs.rewards import (
     RewardWeights,
@@ -146,7 +147,7 @@ class _Episode:
     done: bool = False
 
 
-class RAGEnv(gym.Env[str, str]):
+class RAGEnv(BuiltInWorker, gym.Env[str, str]):
     """Answer multi-hop questions by searching a corpus, in text.
 
     ## Description
@@ -172,7 +173,9 @@ class RAGEnv(gym.Env[str, str]):
     ## Observation Space
     ``UnicodeText(1_048_576)``. Observations are incremental: what the env says this turn. The first
     observation of a context is the role's instructions and the question (or task); ``info`` also has them
-    as ``system_prompt`` and ``user_message`` for chat templates.
+    as ``system_prompt`` and ``user_message`` for chat templates. An observation longer than the space admits
+    (whole ``search_r1`` passages of a corpus of huge paragraphs) is cut to fit, ending with a line that says so,
+    and ``info["observation_cut"]`` holds its length before the cut.
 
     ## Rewards
     0 on every step but the last. On the last: ``6*F1 - 3 + 0.1*format + 0.1*refine`` (weights in
@@ -396,7 +399,16 @@ class RAGEnv(gym.Env[str, str]):
         self._episode = episode
         obs, info = self._open_context(episode.role, example.question)
         info.update(index=index, question=example.question, id=example.id)
-        return obs, info
+        return self._fit(obs, info), info
+
+    def _fit(self, obs: str, info: dict[str, Any]) -> str:
+        """`obs`, cut to the observation space's length with a closing note when longer (its length in `info`)."""
+        bound = self.observation_space.max_length
+        if len(obs) <= bound:
+            return obs
+        note = f"\n[observation cut from {len(obs)} to {bound} characters]\n"
+        info["observation_cut"] = len(obs)
+        return obs[: bound - len(note)] + note
 
     def _open_context(self, role: str, text: str) -> tuple[str, dict[str, Any]]:
         system, user = self.instructions[role], protocol.user_message(role, text)
@@ -438,7 +450,7 @@ class RAGEnv(gym.Env[str, str]):
         episode.refines.extend(parsed.refines)
         info: dict[str, Any] = {"invalid_action": not parsed.valid, "acted_role": role}
         obs, new_context, answer = self._run_tool(parsed, role, info)
-        obs = self._count_turn(role, obs, info)
+        obs = self._fit(self._count_turn(role, obs, info), info)
 
         terminated = answer is not None
         truncated = not terminated and (

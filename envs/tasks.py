@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.error import ResetNeeded
 
+from envs.pickling import BuiltInWorker
 from envs.spaces import UnicodeText
 
 History = list[dict[str, Any]]
@@ -293,7 +294,7 @@ def _code_line(text: str) -> int:
     return 0
 
 
-class TaskEnv(gym.Env[str, str]):
+class TaskEnv(BuiltInWorker, gym.Env[str, str]):
     """A multi-turn text task defined by a task file (or a `Task`): prompts, answers and scoring functions.
 
     WARNING: building this env from a task file RUNS THE PYTHON CODE IN THE FILE. It refuses unless
