@@ -184,3 +184,35 @@ def test_summary_table_in_a_log_file_keeps_long_rows_on_one_line(capsys, tmp_pat
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) > 80  # not wrapped at a terminal's 80 columns
     assert any(str(run_dir / "final") in line for line in out.splitlines())
+
+
+def test_the_summary_ends_with_the_pictures_and_the_next_commands(capsys, tmp_path):
+    """After the table: the learning curves' file, the command that scores the run again in its own env, and, for a
+    wandb run logged offline, the command that uploads it."""
+    from algos.run.finish import print_summary
+
+    (tmp_path / "wandb" / "offline-run-20260101_000000-abcd1234").mkdir(parents=True)
+    summary = {
+        "run": "red_grpo-seed0",
+        "algo": "red_grpo",
+        "window": 1,
+        "steps": 2,
+        "wall_time_s": 10.0,
+        "process_wall_time_s": 12.0,
+        "reward_first": -3.0,
+        "reward_last": -3.0,
+        "f1_first": 0.0,
+        "f1_last": 0.0,
+        "sft_weight_last": 1.0,
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "final_model": str(tmp_path / "final"),
+        "metrics": str(tmp_path / "metrics.jsonl"),
+        "run_dir": str(tmp_path),
+        "curves": str(tmp_path / "curves.png"),
+    }
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert f"look at the learning curves: {tmp_path / 'curves.png'}" in out
+    assert f"python -m benchmarks.evaluate --run-dir {tmp_path}" in out
+    assert f"wandb sync {tmp_path / 'wandb' / 'offline-run-20260101_000000-abcd1234'}" in out
+    assert "benchmarks.first_search" not in out  # no held-out evaluation ran, so no eval.json to split

@@ -123,6 +123,7 @@ class RunFinish:
             "checkpoint": str(checkpoint),
             "final_model": str(final),
             "metrics": str(self.metrics_path),
+            "run_dir": str(self.run_dir),
         }
 
 
@@ -153,13 +154,31 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
     table.add_row("metrics", summary["metrics"])
     if "curves" in summary:
-        table.add_row("learning curves", summary["curves"])
+        table.add_row("learning curves (per step, 10-step mean, held-out scores)", summary["curves"])
     console = Console()
     if not console.is_terminal:  # a log file: the table at its natural width, not wrapped at 80 columns
         console = Console(width=10_000)
     console.print(table)
     if "evaluation" in summary:
         console.print(summary["evaluation"]["table"], markup=False, highlight=False)
+    if "run_dir" in summary:
+        console.print("\n".join(next_commands(summary)), markup=False, highlight=False)
+
+
+def next_commands(summary: dict[str, Any]) -> list[str]:
+    """What to look at and run after a run: its pictures, scoring it again in its own env, and uploading a wandb run
+    that was logged offline."""
+    run_dir = Path(summary["run_dir"])
+    lines = ["", "Next:"]
+    if "curves" in summary:
+        lines.append(f"  look at the learning curves: {summary['curves']}")
+    lines.append(f"  score it again in its own env: python -m benchmarks.evaluate --run-dir {run_dir}")
+    if "evaluation" in summary:
+        lines.append(f"  reading or searching: python -m benchmarks.first_search {run_dir / 'eval.json'}")
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    if offline:  # logged without a wandb login: the run is on disk until synced
+        lines.append(f"  upload the offline wandb run: wandb sync {offline[-1]}")
+    return lines
 
 
 def _mean(values: Sequence[float]) -> float:
