@@ -20,11 +20,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 
 import gymnasium as gym
 
 import envs  # noqa: F401  (registers the ids)
 from envs.data import load_examples
+from envs.rag_env import LIMIT_CAPS
+
+MAX_TURNS = LIMIT_CAPS["max_turns"]
+"""Turns per episode: the most the env allows, so that measured steps are searches; an episode that reaches it is
+reset (outside the timings) and the measurement goes on."""
 
 
 class _Timed:
@@ -44,16 +50,21 @@ class _Timed:
         return self.inner.batch_search(queries, k)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--server-envs", type=int, default=0, help="envs per turn against a local server (0: skip)")
     parser.add_argument("--server-turns", type=int, default=12, help="measured turns of the server comparison")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    limits = (("--steps", 1), ("--top-k", 1), ("--server-envs", 0), ("--server-turns", 1))
+    for flag, low in limits:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
 
     # no query cache: every step must really search, or the comparison would flatter the env
-    env = gym.make("RedCoda-HotpotQA-v0", top_k=args.top_k, max_turns=10**6, query_cache=0).unwrapped
+    env = gym.make("RedCoda-HotpotQA-v0", top_k=args.top_k, max_turns=MAX_TURNS, query_cache=0).unwrapped
     retriever = env.retriever
     timed = env.retriever = _Timed(retriever)
     queries = [ex.question for ex in load_examples("hotpotqa", "dev")]
@@ -64,6 +75,8 @@ def main() -> None:
     env.reset(seed=0)
     step_times, search_times, shares = [], [], []
     for i, q in enumerate(queries):
+        if i and i % MAX_TURNS == 0:  # the episode's last turn was taken: a new one, outside the timings
+            env.reset()
         action = f"<think>look it up</think><search>{q}</search>"
         if i % 2:  # alternate the order so neither side always runs on a warmer cache
             t0 = time.perf_counter()
@@ -121,7 +134,7 @@ def server_comparison(num_envs: int, turns: int, top_k: int) -> None:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the retrieval server did not start (exit status {server.poll()})")
             time.sleep(0.5)
-        settings = {"top_k": top_k, "max_turns": 10**6, "retriever": url}
+        settings = {"top_k": top_k, "max_turns": MAX_TURNS, "retriever": url}
         alone = [gym.make("RedCoda-HotpotQA-v0", query_cache=0, **settings) for _ in range(num_envs)]
         batched = [gym.make("RedCoda-HotpotQA-v0", query_cache=1 << 16, **settings) for _ in range(num_envs)]
         for env in alone + batched:

