@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import shlex
@@ -40,6 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.evaluation import MAX_ERROR_RATE, EvaluationFailed
+from benchmarks.compare_checks import (
+    duplicate_problem,
+    evaluation_current,
+    flag_names,
+    owned_problem,
+    run_problems,
+)
 from benchmarks.compare_report import (
     TABLE_METRICS,
     paired_tests,
@@ -58,6 +66,8 @@ from benchmarks.compare_runs import (
     System,
     code_version,
     evaluate_run,
+    evaluation_key,
+    expected_run_config,
     metric_total,
     parse_system,
     run_config,
@@ -105,11 +115,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every algorithm")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     parser.add_argument("--steps", type=int, default=None, help="override the budget's training steps")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="train every run for at most this many minutes (with --steps as the bound on steps)",
+    )
     parser.add_argument("--eval-limit", type=int, default=None, help="override the budget's held-out questions")
     parser.add_argument("--protocol", choices=("flat", "coda"), default="flat")
     parser.add_argument("--out", default=None, help="results folder (default runs/compare-<budget>-<protocol>)")
     parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the untrained model")
-    parser.add_argument("--train-arg", action="append", default=[], help="extra trainer flag (repeatable)")
+    parser.add_argument(
+        "--train-arg",
+        action="append",
+        default=[],
+        help="extra trainer flag (repeatable), not one the comparison sets itself (seed, run directory, steps, ...)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every training and evaluation")
     parser.add_argument("--init-model", default=None, help="start every run (and the baseline) from this model")
     parser.add_argument(
@@ -148,8 +169,15 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, syste
             parser.error(f"{flag} must be >= {low}, got {value}")
     if not 0.0 <= args.max_error_rate <= 1.0:
         parser.error(f"--max-error-rate is a share in [0, 1], got {args.max_error_rate}")
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+        parser.error(f"--minutes must be a number > 0, got {args.minutes}")
+    problems = [owned_problem("--train-arg", flag_names(args.train_arg)), duplicate_problem(systems)]
+    problems += [owned_problem(f"--algos {system.name}", flag_names(system.flags)) for system in systems]
+    for problem in filter(None, problems):
+        parser.error(problem)
     budget = BUDGETS[args.budget]
-    common = ["--preset", budget.preset, "--protocol", args.protocol, *budget.train_args, *args.train_arg]
+    common = ["--preset", budget.preset, "--protocol", args.protocol, *budget.train_args, *_minutes(args)]
+    common += args.train_arg
     if args.init_model:
         common += ["--model", args.init_model]
     for system in systems:  # each trainer's own parser: its one line, exit 2, for a setting it refuses
@@ -196,7 +224,9 @@ def _run_system(
                 continue
         summary.setdefault("tokens_sampled", metric_total(run_dir, "tokens/sampled"))
         try:
-            result = evaluate_run(name, summary["final_model"], budget, config, out / "evals", args.max_error_rate)
+            result = evaluate_run(
+                name, summary["final_model"], budget, config, out / "evals", args.max_error_rate, str(run_dir / "final")
+            )
         except ClaimedElsewhere as err:  # a stream beside this one scores it now
             print(f"[compare] skipped: {err}", flush=True)
             got.missing.append(name)
@@ -223,7 +253,9 @@ def _score_baseline(args: argparse.Namespace, budget: Budget, config: Any, out: 
 
         model = tiny_model(seed=0)
     try:
-        base = evaluate_run("untrained", model, budget, config, out / "evals", args.max_error_rate)
+        base = evaluate_run(
+            "untrained", model, budget, config, out / "evals", args.max_error_rate, _start_label(config)
+        )
     except ClaimedElsewhere as err:
         print(f"[compare] skipped: {err}", flush=True)
         got.missing.append("untrained")
@@ -245,35 +277,96 @@ def _machine() -> str:
     return machine
 
 
-def _header(args: argparse.Namespace, budget: Budget, config: Any, command: str, machine: str, wall: float) -> str:
-    """table.md's first paragraph: protocol, budget, start model, seeds, questions, command, machine, wall time."""
-    held_out = f"the first {budget.eval_limit}" if budget.eval_limit else "all"
+def _header(args: argparse.Namespace, got: _Results, config: Any, command: str, machine: str, wall: float) -> str:
+    """table.md's first paragraph, from what the runs and evaluations in it were: protocol, budget, steps trained,
+    start model, seeds, questions scored, command, machine, wall time."""
+    steps = sorted({int(run["steps"]) for run in got.runs})
+    trained = f"{_span(steps)} steps" if steps else "no runs"
+    if args.minutes:
+        trained += f", at most {args.minutes:g} minutes"
+    seeds = sorted({int(run["seed"]) for run in got.runs})
+    results = [result for evals in got.evals.values() for result in evals]
+    scored = sorted({int(result["n"]) for result in results})
+    # asked for more questions than the split holds: every one was scored
+    every = all(int(r.get("settings", {}).get("questions", 0)) > int(r["n"]) for r in results)
+    held_out = f"all {_span(scored)}" if every else f"the first {_span(scored)}"
     return (
-        f"Protocol: {args.protocol}; budget: {args.budget} "
-        f"({budget.steps_for(args.protocol)} steps of preset {budget.preset}); "
+        f"Protocol: {args.protocol}; budget: {args.budget} ({trained} of preset {BUDGETS[args.budget].preset}); "
         f"start model: {config.model.model or 'SmolLM2-135M-Instruct'}; "
-        f"seeds: 0..{args.seeds - 1}; held-out: {held_out} HotpotQA dev questions, greedy. "
+        f"seeds: {_span(seeds) if seeds else 'none'}; held-out: {held_out} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds, clipped to the metric's range ([0, 1]; searches at 0); a "
         f"metric equal in every seed gets the rule-of-three bound instead]. Command: `{command}`. Machine: {machine}. "
         f"Wall time of this invocation: {wall / 60:.1f} min (finished trainings and evaluations are read, not redone)."
     )
 
 
-def _budget(args: argparse.Namespace, out: Path) -> Budget:
-    """The budget every run trains with: the named one, the command line's overrides, and the start model."""
+def _span(values: Sequence[int]) -> str:
+    """Sorted integers as text: 3; 0..2 (consecutive); 2, 5 (else)."""
+    if len(values) > 2 and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}..{values[-1]}"
+    return ", ".join(str(v) for v in values)
+
+
+def _minutes(args: argparse.Namespace) -> list[str]:
+    """The trainer flag of `--minutes`, when given."""
+    return ["--max-train-minutes", f"{args.minutes:g}"] if args.minutes else []
+
+
+def _budget(args: argparse.Namespace, out: Path) -> tuple[Budget, Budget]:
+    """The budget every run trains with (the named one, the command line's overrides, and the start model), and the
+    one the warm start trains with (without a start model). Trains nothing: the warm start's model is its path."""
     budget = BUDGETS[args.budget]
     budget = Budget(
         budget.preset,
         args.steps or budget.steps_for(args.protocol),
         args.eval_limit or budget.eval_limit,
         budget.eval_batch,
-        (*budget.train_args, *args.train_arg),
+        (*budget.train_args, *_minutes(args), *args.train_arg),
     )
+    warm = budget
     if args.warm_start_steps > 0:
-        args.init_model = str(warm_start(out, budget, args))
+        args.init_model = str(out / "runs" / "warm-start" / "final")
     if args.init_model:
         budget = dataclasses.replace(budget, train_args=(*budget.train_args, "--model", args.init_model))
-    return budget
+    return budget, warm
+
+
+def _check_cached(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, systems: list[System], budget: Budget, out: Path
+) -> None:
+    """Refuse, before anything trains, a finished run in `out` trained otherwise than this invocation asks (naming
+    what differs), and with `--report-only` an evaluation scored otherwise; say which evaluations are scored anew."""
+    config = run_config(budget.preset, args.protocol, budget.train_args)
+    for system in systems:
+        for seed in range(args.seeds):
+            name = f"{system.slug}-seed{seed}"
+            run_dir = out / "runs" / name
+            if (run_dir / "summary.json").exists():
+                problem = run_problems(run_dir, expected_run_config(system, seed, budget, args.protocol, run_dir))
+                if problem:
+                    parser.error(problem)
+            _check_cached_evaluation(
+                parser, args, out / "evals" / f"{name}.json", budget, config, str(run_dir / "final")
+            )
+    if not args.no_baseline:
+        _check_cached_evaluation(parser, args, out / "evals" / "untrained.json", budget, config, _start_label(config))
+
+
+def _check_cached_evaluation(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, path: Path, budget: Budget, config: Any, model: str
+) -> None:
+    if not path.exists():
+        return
+    found = evaluation_current(json.loads(path.read_text()), evaluation_key(budget, config, model))
+    if found and args.report_only:
+        parser.error(f"{path} was scored with other settings ({'; '.join(found)}): run without --report-only")
+    if found:
+        print(f"[compare] {path} was scored with other settings ({'; '.join(found)}): scoring it anew", flush=True)
+
+
+def _start_label(config: Any) -> str:
+    """The start model as the baseline's evaluation key names it."""
+    return "tiny (seed 0)" if config.model.model == "tiny" else str(config.model.model or "smollm2-135m")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -290,8 +383,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         torch.set_num_threads(args.threads)
     out = Path(args.out or f"runs/compare-{args.budget}-{args.protocol}")  # raw outputs stay out of the source tree
+    budget, warm_budget = _budget(args, out)
+    _check_cached(parser, args, systems, budget, out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    budget = _budget(args, out)
+    if args.warm_start_steps > 0:
+        warm_start(out, warm_budget, args)
     config = run_config(budget.preset, args.protocol, budget.train_args)
     start = time.perf_counter()
 
@@ -310,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     wall = time.perf_counter() - start
     command = "python -m benchmarks.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     machine = _machine()
-    header = _header(args, budget, config, command, machine, wall)
+    header = _header(args, got, config, command, machine, wall)
     if got.missing:
         header += f" Not finished yet, left out of this report: {', '.join(got.missing)}."
         print(f"[compare] not finished, left out: {', '.join(got.missing)}", flush=True)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks.compare_checks import jsonable
+
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
 """The algorithms a comparison trains by default."""
 SYSTEM_ALGOS = (*ALGOS, "grpo_expert", "sft")
@@ -337,30 +339,81 @@ def metric_total(run_dir: Path, key: str) -> float:
     return float(sum(r.get(key, 0.0) for r in run_metrics(run_dir)))
 
 
+def held_out_config(budget: Budget, config: Any) -> Any:
+    """The runs' `Config` with the budget's held-out evaluation: its questions and episodes per batch."""
+    return config.with_values(eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch)
+
+
+def evaluation_key(budget: Budget, config: Any, model: str) -> dict[str, Any]:
+    """What decides an evaluation's scores: the held-out settings (`algos.run.evaluation.held_out_settings`: env,
+    questions, tokens, context) and the model scored (its path or name). A cached evaluation is reused only when its
+    key is this one."""
+    from algos.run.evaluation import held_out_settings
+
+    return jsonable({"settings": held_out_settings(held_out_config(budget, config)), "model": model})
+
+
+def expected_run_config(system: System, seed: int, budget: Budget, protocol: str, run_dir: Path) -> Any:
+    """The `Config` the trainer of one run parses from its command (`train_command`), without loading anything: the
+    start model is taken as named (it may not exist yet, as the warm start's before it trains)."""
+    from algos.run.cli import parse_config
+
+    argv = train_command(system.algo, seed, budget, protocol, run_dir, None, system.flags)[3:]
+    model = None
+    while "--model" in argv:
+        at = argv.index("--model")
+        model, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
+    extra: dict[str, Any] = {}
+    if system.algo == "grpo_expert":
+        from algos.expert_groups import ExpertConfig
+
+        extra["config_cls"] = ExpertConfig
+    elif system.algo == "sft":
+        from algos.sft import sft_defaults
+
+        extra.update(sft_defaults(argv))
+    config = parse_config(argv, algo=system.algo, **extra)
+    return config.with_values(model=model) if model is not None else config
+
+
 def evaluate_run(
-    name: str, model: Any, budget: Budget, config: Any, out_dir: Path, max_error_rate: float | None = None
+    name: str,
+    model: Any,
+    budget: Budget,
+    config: Any,
+    out_dir: Path,
+    max_error_rate: float | None = None,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate one model on the held-out questions (cached in out_dir/<name>.json), in the runs' training env.
 
     The env settings, tokens per turn and context length come from the runs' `Config` through
-    `algos.run.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses. More than
-    `max_error_rate` of the episodes with sampler or retriever errors (None: 5%) raise
-    `agents.evaluation.EvaluationFailed`, and nothing is cached.
+    `algos.run.evaluation.score_held_out`, the function the trainer's own before/after evaluation uses. A cached
+    evaluation is reused when its `evaluation_key` (settings and `label`, the model's name; `model` itself when it
+    is a path) is this one's, else scored anew. More than `max_error_rate` of the episodes with sampler or retriever
+    errors (None: 5%) raise `agents.evaluation.EvaluationFailed`, and nothing is cached.
     """
     from algos.run.evaluation import score_held_out
+    from benchmarks.compare_checks import evaluation_current
 
     target = out_dir / f"{name}.json"
-    if target.exists():
-        return json.loads(target.read_text())
+    key = evaluation_key(budget, config, label or str(model)) if budget is not None else None
+
+    def cached() -> dict[str, Any] | None:
+        if not target.exists():
+            return None
+        result = json.loads(target.read_text())
+        return result if key is None or not evaluation_current(result, key) else None
+
+    if (found := cached()) is not None:
+        return found
     # Claimed like a training: a stream that finds a run trained but not yet scored must not score it too while
     # the stream that trained it does (the same 200 episodes twice); it skips it (`ClaimedElsewhere`) instead.
     with claimed(out_dir, lock=f".{name}.lock", doing=f"evaluated ({name})"):
-        if target.exists():  # scored by another invocation just before this one took the claim
-            return json.loads(target.read_text())
-        held_out = config.with_values(
-            eval_questions=budget.eval_limit or 10**9, eval_batch_size=budget.eval_batch, progress=True
-        )
-        result = score_held_out(model, held_out, max_error_rate=max_error_rate)
+        if (found := cached()) is not None:  # scored by another invocation just before this one took the claim
+            return found
+        held_out = held_out_config(budget, config).with_values(progress=True)
+        result = {**score_held_out(model, held_out, max_error_rate=max_error_rate), "key": key}
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, ensure_ascii=False))
         os.replace(tmp, target)

@@ -39,7 +39,7 @@ def _per_question(out, name, metric) -> dict[str, float]:
     return {p["id"]: p[metric] for p in predictions}
 
 
-def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
+def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "cmp"
     argv = ["--budget", "tiny", "--algos", "grpo", "red_grpo", "--seeds", "2", "--out", str(out)]
@@ -96,6 +96,16 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     evaluation = out / "evals" / "grpo-seed1.json"
     stamps = (summary.stat().st_mtime_ns, evaluation.stat().st_mtime_ns)
     main(argv)
+    assert (summary.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
+    # ... and one asking other settings refuses them, naming what differs, before anything trains or is scored
+    header = table.splitlines()[0]
+    assert "(2 steps of preset tiny)" in header and "seeds: 0, 1;" in header and "the first 4 HotpotQA" in header
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "--steps", "3"])
+    assert "(steps 2 -> 3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "--eval-limit", "2", "--report-only"])
+    assert "grpo-seed0.json was scored with other settings" in capsys.readouterr().err
     assert (summary.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
 
     # --report-only: the report over what is finished, training and scoring nothing (a third seed is not there yet)
