@@ -73,9 +73,20 @@ BUDGETS = {
 
 def run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
     """The trainer config the runs use: the evaluation takes its env settings from it (one source)."""
+    return parse_naming_model(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
+
+
+def parse_naming_model(argv: Sequence[str], **kwargs: Any) -> Any:
+    """`algos.run.cli.parse_config` of a trainer command line whose ``--model`` is taken as named, not loaded or
+    looked for: the warm start's model is not there before it trains (the comparison checks ``--init-model``)."""
     from algos.run.cli import parse_config
 
-    return parse_config(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
+    argv, model = list(argv), None
+    while "--model" in argv:
+        at = argv.index("--model")
+        model, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
+    config = parse_config(argv, **kwargs)
+    return config.with_values(model=model) if model is not None else config
 
 
 @dataclass(frozen=True)
@@ -356,13 +367,7 @@ def evaluation_key(budget: Budget, config: Any, model: str) -> dict[str, Any]:
 def expected_run_config(system: System, seed: int, budget: Budget, protocol: str, run_dir: Path) -> Any:
     """The `Config` the trainer of one run parses from its command (`train_command`), without loading anything: the
     start model is taken as named (it may not exist yet, as the warm start's before it trains)."""
-    from algos.run.cli import parse_config
-
     argv = train_command(system.algo, seed, budget, protocol, run_dir, None, system.flags)[3:]
-    model = None
-    while "--model" in argv:
-        at = argv.index("--model")
-        model, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
     extra: dict[str, Any] = {}
     if system.algo == "grpo_expert":
         from algos.expert_groups import ExpertConfig
@@ -372,8 +377,7 @@ def expected_run_config(system: System, seed: int, budget: Budget, protocol: str
         from algos.sft import sft_defaults
 
         extra.update(sft_defaults(argv))
-    config = parse_config(argv, algo=system.algo, **extra)
-    return config.with_values(model=model) if model is not None else config
+    return parse_naming_model(argv, algo=system.algo, **extra)
 
 
 def evaluate_run(

@@ -1,6 +1,7 @@
 """What a training run ends with: the trained model and the model it started from, scored on held-out questions.
 
-Both models play ``config.run.eval_questions`` questions of ``config.run.eval_split`` greedily, in exactly the env the
+Both models play ``config.run.eval_questions`` questions of ``config.run.eval_split`` greedily (``--eval-batch-size``
+episodes at a time, on a CPU no more than fit in memory: `algos.run.memory.held_out_batch`), in exactly the env the
 run trained in (`Config.env_kwargs` with only the split changed, the same turn limits, passage length,
 tokens per turn and context length), through `agents.evaluation.evaluate`. The starting model's scores
 depend only on those settings, so they are cached (``cache_root()/eval/``) and computed once per settings.
@@ -129,6 +130,7 @@ def score_held_out(
     """
     from agents.evaluation import check_errors, error_counts, evaluate
     from algos import distributed
+    from algos.run import memory
 
     if validation is None:  # the held-out split's first N questions (as many as it has)
         settings = held_out_settings(config)
@@ -137,13 +139,21 @@ def score_held_out(
         settings = validation_settings(config, validation)
         split, questions, limit = config.env.split, settings["questions"], None
     world = distributed.World(*_rank_and_size())
+    batch = memory.held_out_batch(config, model)
+    if batch < config.run.eval_batch_size:
+        logger.warning(
+            "held-out evaluation: %d episodes at a time instead of --eval-batch-size %d, so that their contexts fit "
+            "in this machine's available memory",
+            batch,
+            config.run.eval_batch_size,
+        )
     result = evaluate(
         settings["agent"],
         model,
         split=split,
         indices=distributed.shard(questions, world) if world.enabled else None if limit is not None else questions,
         limit=limit,
-        batch=config.run.eval_batch_size,
+        batch=batch,
         seed=settings["seed"],
         temperature=0.0,
         max_new_tokens=settings["max_new_tokens"],

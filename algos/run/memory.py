@@ -5,8 +5,13 @@ moments (divided over the ranks under ``--fsdp``, whose sampling also holds the 
 reference model when the KL term is on, the activations the backward pass keeps for one micro-batch
 (``micro_batch_tokens`` tokens; one layer's plus each layer's input under ``--gradient-checkpointing``), the logits
 of that micro-batch, and the sampler: the transformers sampler's key/value cache for its widest batch of rows at the
-full context, or the share of the GPU a vLLM engine is given. `check` compares the sum with the device's memory
-(a GPU's total, or the host's available memory shared by the ranks on it) and raises `DoesNotFit` in one line.
+full context and the keys and values it keeps between calls (`KEPT_CACHE_TOKENS`), or the share of the GPU a vLLM
+engine is given. After the last step the held-out evaluation (`evaluation_bytes`) scores a second copy of the start
+model with a sampler of its own, its batch of rows at the full context; where that exceeds what the step's
+activations, logits and rollouts freed, the excess is a part of its own. On a CPU the evaluation's rows are bounded
+by memory (`evaluation_rows`: the trainer's evaluation runs at most that many at a time). `check` compares the sum
+with the device's memory (a GPU's total, or the host's available memory shared by the ranks on it) and raises
+`DoesNotFit` in one line.
 
 The activation count per token and layer follows the usual accounting for a pre-norm decoder layer with fused
 attention (no (sequence x sequence) score matrix kept): the inputs of the norms, of the q/k/v, output, gate, up
@@ -14,6 +19,7 @@ and down projections and of the activation function. It is an estimate: allocato
 buffers and CUDA's own context (about 0.5 GiB) come on top, hence the margin `check` leaves.
 
     python -m algos.run.memory --model Qwen/Qwen2.5-3B-Instruct --preset gpu --gradient-checkpointing
+    python -m algos.run.memory --preset cpu --top-k 5 --max-passage-words 80 --eval-batch-size 100
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class Estimate:
 
     parts: dict[str, float]
     device: str
+    eval_rows: int | None = None
+    """Episodes the held-out evaluation runs at a time (None: it has none)."""
 
     @property
     def total(self) -> float:
@@ -88,7 +96,8 @@ class Estimate:
     def describe(self) -> str:
         """One line: the total and each part, in GiB."""
         parts = ", ".join(f"{name} {value / GIB:.2f}" for name, value in self.parts.items() if value)
-        return f"{self.total / GIB:.2f} GiB per {self.device} ({parts})"
+        rows = f"; held-out evaluation {self.eval_rows} episodes at a time" if self.eval_rows else ""
+        return f"{self.total / GIB:.2f} GiB per {self.device} ({parts}{rows})"
 
 
 ROLLOUT_BYTES_PER_TOKEN = 64
@@ -100,8 +109,62 @@ trajectory records they come from (tuples of Python ints and floats)."""
 EPISODE_BYTES = 32 * 1024
 """Host bytes of one episode's env beside its tokens (measured: 500 ``gym.make`` HotpotQA envs took 31 KB each)."""
 
+KEPT_CACHE_TOKENS = 1 << 16
+"""Tokens whose keys and values a transformers sampler keeps between calls (`agents.samplers.hf.DEFAULT_CACHE_TOKENS`,
+the trainer's and the evaluation's samplers alike)."""
 
-def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None = None) -> Estimate:
+
+def _compute_bytes(config: Any) -> int:
+    return 2 if (config.model.use_bf16 or config.model.param_dtype == "bfloat16") else 4
+
+
+def _kv_bytes_per_token(config: Any, shape: Shape) -> int:
+    """Keys and values of one token over every layer."""
+    return shape.layers * 2 * shape.kv_dim * _compute_bytes(config)
+
+
+def _evaluation_episodes(config: Any) -> int:
+    """Questions the run scores at the end (held-out or validation), one per episode."""
+    return max(int(config.run.eval_questions or 0), int(config.run.validation_questions or 0))
+
+
+def evaluation_row_bytes(config: Any, shape: Shape) -> float:
+    """Bytes one episode of the held-out evaluation holds at most: each of its contexts (CoDA: the planner's and one
+    executor's) at the full context length, as keys and values, the prefill's widest layer activations (the inputs
+    of the norms, projections and activation; no gradient) and the token lists around them, its last logits, and
+    its env."""
+    contexts = 2 if config.env.protocol == "coda" else 1
+    per_token = (
+        _kv_bytes_per_token(config, shape)
+        + (4 * shape.hidden + 3 * shape.intermediate) * _compute_bytes(config)
+        + ROLLOUT_BYTES_PER_TOKEN
+    )
+    return contexts * (config.model.max_context_tokens * per_token + shape.vocab * 4) + EPISODE_BYTES
+
+
+def evaluation_bytes(config: Any, shape: Shape, rows: int, *, model_loaded: bool = False) -> dict[str, float]:
+    """What the held-out evaluation holds besides the training state, `rows` episodes at a time: the model it scores
+    (the start model is a second copy; none when `model_loaded`), its sampler's kept keys and values, the rows."""
+    parts = {
+        "model": 0.0 if model_loaded else shape.parameters * (2 if config.model.param_dtype == "bfloat16" else 4),
+        "kept kv cache": KEPT_CACHE_TOKENS * _kv_bytes_per_token(config, shape),
+        "rows": rows * evaluation_row_bytes(config, shape),
+    }
+    return parts
+
+
+def evaluation_rows(config: Any, shape: Shape, room: float, *, model_loaded: bool = False) -> int:
+    """The most episodes the held-out evaluation may run at a time in `room` bytes: ``--eval-batch-size`` (and the
+    questions), fewer where their contexts would not fit, 1 at least."""
+    wanted = max(1, min(int(config.run.eval_batch_size), _evaluation_episodes(config) or 1))
+    fixed = sum(evaluation_bytes(config, shape, 0, model_loaded=model_loaded).values())
+    fit = int((room - fixed) // evaluation_row_bytes(config, shape))
+    return max(1, min(wanted, fit))
+
+
+def estimate(
+    config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None = None, capacity: float | None = None
+) -> Estimate:
     """The memory one device needs for a run of `config` (an `algos.config.Config`) on a model of `shape`.
 
     Args:
@@ -112,6 +175,8 @@ def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None
         shape: the model's sizes.
         ranks: data-parallel ranks (the ``--fsdp`` shards and each rank's share of the rollouts).
         trainable: parameters that train (LoRA: the adapter's); None: all of them.
+        capacity: the device's bytes: on a CPU the held-out evaluation then runs as many episodes at a time as fit
+            in `MARGIN` of it beside what the run holds (`evaluation_rows`); None: ``--eval-batch-size`` of them.
     """
     param_bytes = 2 if config.model.param_dtype == "bfloat16" else 4
     compute_bytes = 2 if (config.model.use_bf16 or config.model.param_dtype == "bfloat16") else 4
@@ -149,7 +214,38 @@ def estimate(config: Any, shape: Shape, *, ranks: int = 1, trainable: int | None
         )
         kv = rows * config.model.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
         parts["kv cache"] = kv + rows * shape.vocab * 4
-    return Estimate(parts, device=_device_name(config.model.torch_device))
+        parts["kept kv cache"] = KEPT_CACHE_TOKENS * _kv_bytes_per_token(config, shape)
+    eval_rows = None
+    if _evaluation_episodes(config):  # after the last step: the step's activations, logits and rollouts are freed
+        freed = parts["activations"] + parts["logits"] + parts["rollout batch"]
+        eval_rows = max(1, min(int(config.run.eval_batch_size), _evaluation_episodes(config)))
+        if capacity is not None and not config.model.torch_device.startswith("cuda"):
+            held = sum(parts.values()) - freed
+            eval_rows = evaluation_rows(config, shape, MARGIN * capacity - held)
+        evaluating = sum(evaluation_bytes(config, shape, eval_rows).values())
+        parts["held-out evaluation"] = max(0.0, evaluating - freed)
+    return Estimate(parts, device=_device_name(config.model.torch_device), eval_rows=eval_rows)
+
+
+def held_out_batch(config: Any, model: Any) -> int:
+    """Episodes the held-out evaluation of `model` (a loaded ``(model, tokenizer)`` pair, a directory, None or
+    "tiny") runs at a time: ``--eval-batch-size``, on a CPU no more than fit in `MARGIN` of the memory available now
+    (`evaluation_rows`); the model's shape read from its config (the bundled model's for None)."""
+    batch = int(config.run.eval_batch_size)
+    if config.model.torch_device.startswith("cuda"):
+        return batch
+    loaded = isinstance(model, tuple)
+    if loaded:
+        lm = model[0]
+        shape = Shape.of(lm.config, parameters=sum(p.numel() for p in lm.parameters()))
+    else:
+        from transformers import AutoConfig
+
+        from agents.models import ensure_smollm2_cache
+
+        source = str(ensure_smollm2_cache()) if model in (None, "None", "none", "smollm2-135m", "tiny") else model
+        shape = Shape.of(AutoConfig.from_pretrained(str(source)))
+    return min(batch, evaluation_rows(config, shape, MARGIN * usable_memory("cpu"), model_loaded=loaded))
 
 
 def device_memory(device: str) -> float:
@@ -198,6 +294,8 @@ def check(found: Estimate, capacity: float) -> None:
         return
     hints = ["--gradient-checkpointing", "--fsdp over more GPUs", "--param-dtype bfloat16", "--lora"]
     hints += ["a smaller --micro-batch-tokens", "a smaller --sampler-batch-size or --max-context-tokens"]
+    if max(found.parts, key=found.parts.get) == "held-out evaluation":
+        hints = ["a smaller --eval-batch-size or --max-context-tokens", *hints]
     if max(found.parts, key=found.parts.get) == "rollout batch":  # the step's episodes: fewer of them, first
         hints = ["a smaller --group-size or --questions-per-step", "a smaller --max-context-tokens", "more ranks"]
     raise DoesNotFit(
@@ -224,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> Estimate:
 
         source = str(ensure_smollm2_cache())
     shape = Shape.of(AutoConfig.from_pretrained(source))
-    found = estimate(config, shape, ranks=known.ranks)
+    capacity = device_memory(config.model.torch_device) if not config.model.torch_device.startswith("cuda") else None
+    found = estimate(config, shape, ranks=known.ranks, capacity=capacity)
     print(f"{source}: {shape.parameters / 1e9:.2f}B parameters; {found.describe()}")
     return found
 

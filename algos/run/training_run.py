@@ -221,8 +221,8 @@ class TrainingRun(RunCheckpoints, RunFinish):
 
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
-        found = memory.estimate(self.config, shape, ranks=self.world.size, trainable=trainable)
         capacity = memory.usable_memory(str(self.device))
+        found = memory.estimate(self.config, shape, ranks=self.world.size, trainable=trainable, capacity=capacity)
         if self.world.is_main:
             total = memory.device_memory(str(self.device))
             logger.info(
