@@ -22,6 +22,7 @@ __all__ = [
     "check_rules",
     "check_sampler",
     "instruction_words",
+    "plain_name",
     "positive",
     "within",
 ]
@@ -138,6 +139,20 @@ def instruction_words(protocol: str, style: str) -> int:
     return max(len(INSTRUCTION_STYLES[style][role].split()) + len(user_message(role, "?").split()) for role in roles)
 
 
+def plain_name(value: str) -> bool:
+    """A rule of `check_rules` for a name that becomes one directory (``runs/<run_name>``) and a heading: not empty,
+    ``.`` or ``..``, at most 255 bytes, no path separator and no control or format character (a newline, a tab, an
+    escape sequence, a zero-width or direction mark)."""
+    import unicodedata
+
+    return (
+        value not in ("", ".", "..")
+        and len(value.encode("utf-8", "surrogatepass")) <= 255
+        and not any(sep in value for sep in ("/", "\\", os.sep))
+        and not any(unicodedata.category(char)[0] == "C" for char in value)
+    )
+
+
 def positive(value: float) -> bool:
     """A rule of `check_rules`: finite and > 0."""
     return value > 0 and math.isfinite(value)
@@ -242,6 +257,7 @@ CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
     ("keep_checkpoints", at_least(1), ">= 1"),
     ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32) (NumPy's seeds)"),
+    ("run_name", plain_name, "a name of at most 255 bytes without path separators or control characters"),
 )
 """`algos.config.Config`'s settings that cannot train, as (field, test its value must pass, the rule in words); None
 values pass."""
