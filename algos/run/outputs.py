@@ -12,6 +12,7 @@ and ``redcoda_config.json`` (every `Config` field: ``python -m benchmarks.evalua
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from collections.abc import Sequence
@@ -214,7 +215,7 @@ def model_card(
         _card_data(config, base, evaluation).to_yaml(),
         "---",
         "",
-        f"# {config.run.name}",
+        f"# {html.escape(config.run.name)}",  # a name is one line (setting_checks.plain_name), shown as text
         "",
         f"A search agent trained with RedCoda's {algo}, starting from {started}: it answers multi-hop questions by",
         f"writing `<search>` queries to a retriever and reading the passages it gets back ({protocol} protocol,",
