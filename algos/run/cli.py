@@ -79,7 +79,11 @@ def _tyro_cli(
     tyro: types.ModuleType, config_cls: type[Config], base: Config, args: list[str], description: str
 ) -> Config:
     """`tyro.cli`, with its usage errors (an unknown flag, a value of the wrong type, a missing value) printed as the
-    project's one line, ``error: ...``, instead of tyro's framed box with the flag's help; exit status 2 as before."""
+    project's one line, ``error: ...``, instead of tyro's framed box with the flag's help; exit status 2 as before.
+
+    tyro's public API has no way to get an error's message without its box (its parse-error hook is private and
+    unstable), so the box is read as text: pyproject.toml pins tyro to the releases whose messages
+    `tests/test_cli_errors.py` reads whole."""
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
