@@ -67,7 +67,7 @@ from benchmarks.compare_runs import (
     code_version,
     evaluate_run,
     evaluation_key,
-    expected_run_config,
+    expected_run_settings,
     metric_total,
     parse_system,
     run_config,
@@ -247,14 +247,20 @@ def _score_baseline(args: argparse.Namespace, budget: Budget, config: Any, out: 
         return
     if args.no_baseline:
         return
-    model: Any = config.model.model
+    model: Any = args.init_model or config.model.model
     if model == "tiny":  # the trainer's tiny preset builds its model from a config, seeded like the runs
         from agents.models import tiny_model
 
         model = tiny_model(seed=0)
     try:
         base = evaluate_run(
-            "untrained", model, budget, config, out / "evals", args.max_error_rate, _start_label(config)
+            "untrained",
+            model,
+            budget,
+            config,
+            out / "evals",
+            args.max_error_rate,
+            _start_label(config, args.init_model),
         )
     except ClaimedElsewhere as err:
         print(f"[compare] skipped: {err}", flush=True)
@@ -292,7 +298,7 @@ def _header(args: argparse.Namespace, got: _Results, config: Any, command: str, 
     held_out = f"all {_span(scored)}" if every else f"the first {_span(scored)}"
     return (
         f"Protocol: {args.protocol}; budget: {args.budget} ({trained} of preset {BUDGETS[args.budget].preset}); "
-        f"start model: {config.model.model or 'SmolLM2-135M-Instruct'}; "
+        f"start model: {args.init_model or config.model.model or 'SmolLM2-135M-Instruct'}; "
         f"seeds: {_span(seeds) if seeds else 'none'}; held-out: {held_out} HotpotQA dev questions, greedy. "
         f"Mean over seeds [95% t-interval across seeds, clipped to the metric's range ([0, 1]; searches at 0); a "
         f"metric equal in every seed gets the rule-of-three bound instead]. Command: `{command}`. Machine: {machine}. "
@@ -336,20 +342,21 @@ def _check_cached(
 ) -> None:
     """Refuse, before anything trains, a finished run in `out` trained otherwise than this invocation asks (naming
     what differs), and with `--report-only` an evaluation scored otherwise; say which evaluations are scored anew."""
-    config = run_config(budget.preset, args.protocol, budget.train_args)
+    config = run_config(budget.preset, args.protocol, budget.train_args, model_named=True)
     for system in systems:
         for seed in range(args.seeds):
             name = f"{system.slug}-seed{seed}"
             run_dir = out / "runs" / name
             if (run_dir / "summary.json").exists():
-                problem = run_problems(run_dir, expected_run_config(system, seed, budget, args.protocol, run_dir))
+                problem = run_problems(run_dir, expected_run_settings(system, seed, budget, args.protocol, run_dir))
                 if problem:
                     parser.error(problem)
             _check_cached_evaluation(
                 parser, args, out / "evals" / f"{name}.json", budget, config, str(run_dir / "final")
             )
     if not args.no_baseline:
-        _check_cached_evaluation(parser, args, out / "evals" / "untrained.json", budget, config, _start_label(config))
+        start = _start_label(config, args.init_model)
+        _check_cached_evaluation(parser, args, out / "evals" / "untrained.json", budget, config, start)
 
 
 def _check_cached_evaluation(
@@ -364,9 +371,10 @@ def _check_cached_evaluation(
         print(f"[compare] {path} was scored with other settings ({'; '.join(found)}): scoring it anew", flush=True)
 
 
-def _start_label(config: Any) -> str:
-    """The start model as the baseline's evaluation key names it."""
-    return "tiny (seed 0)" if config.model.model == "tiny" else str(config.model.model or "smollm2-135m")
+def _start_label(config: Any, model: str | None = None) -> str:
+    """The start model (`model`, else the config's) as the baseline's evaluation key names it."""
+    model = model or config.model.model
+    return "tiny (seed 0)" if model == "tiny" else str(model or "smollm2-135m")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -388,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if args.warm_start_steps > 0:
         warm_start(out, warm_budget, args)
-    config = run_config(budget.preset, args.protocol, budget.train_args)
+    # the env and evaluation settings of every run; its start model is args.init_model (with --report-only the
+    # models may be gone: nothing is loaded)
+    config = run_config(budget.preset, args.protocol, budget.train_args, model_named=True)
     start = time.perf_counter()
 
     got = _Results()

@@ -115,15 +115,15 @@ def saved_run_config(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(saved.read_text()) if saved.exists() else None
 
 
-def run_problems(run_dir: Path, expected: Any) -> str | None:
-    """Why the finished run in `run_dir` is not the run `expected` (its `Config`) would train, or None (no finished
-    run there, or one trained with every setting that counts equal)."""
+def run_problems(run_dir: Path, expected: dict[str, Any]) -> str | None:
+    """Why the finished run in `run_dir` is not the run `expected` (its settings, `Config.flat`) would train, or None
+    (no finished run there, or one trained with every setting that counts equal)."""
     if not (run_dir / "summary.json").exists():  # unfinished: the trainer's --resume continues it to these settings
         return None
     saved = saved_run_config(run_dir)
     if saved is None:
         return f"{run_dir} holds a finished run whose settings are not recorded: give another --out or remove it"
-    found = differences(saved, expected.flat(), NOT_COMPARED)
+    found = differences(saved, expected, NOT_COMPARED)
     if not found:
         return None
     return (

@@ -71,22 +71,28 @@ BUDGETS = {
 }
 
 
-def run_config(preset: str, protocol: str, extra: Sequence[str]) -> Any:
-    """The trainer config the runs use: the evaluation takes its env settings from it (one source)."""
-    return parse_naming_model(["--preset", preset, "--protocol", protocol, *extra], algo="grpo")
+def run_config(preset: str, protocol: str, extra: Sequence[str], *, model_named: bool = False) -> Any:
+    """The trainer config the runs use: the evaluation takes its env settings from it (one source). With
+    `model_named` its ``--model`` is left out (`without_model`): the config of the env and the evaluation alone."""
+    argv = ["--preset", preset, "--protocol", protocol, *extra]
+    if model_named:
+        return without_model(argv, algo="grpo")[0]
+    from algos.run.cli import parse_config
+
+    return parse_config(argv, algo="grpo")
 
 
-def parse_naming_model(argv: Sequence[str], **kwargs: Any) -> Any:
-    """`algos.run.cli.parse_config` of a trainer command line whose ``--model`` is taken as named, not loaded or
-    looked for: the warm start's model is not there before it trains (the comparison checks ``--init-model``)."""
+def without_model(argv: Sequence[str], **kwargs: Any) -> tuple[Any, str | None]:
+    """`algos.run.cli.parse_config` of a trainer command line without its ``--model``, and that model as named: it
+    is not looked for (the warm start's model is not there before it trains; the comparison checks ``--init-model``
+    at start), so a config holding it cannot be built yet."""
     from algos.run.cli import parse_config
 
     argv, model = list(argv), None
     while "--model" in argv:
         at = argv.index("--model")
         model, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
-    config = parse_config(argv, **kwargs)
-    return config.with_values(model=model) if model is not None else config
+    return parse_config(argv, **kwargs), model
 
 
 @dataclass(frozen=True)
@@ -364,9 +370,9 @@ def evaluation_key(budget: Budget, config: Any, model: str) -> dict[str, Any]:
     return jsonable({"settings": held_out_settings(held_out_config(budget, config)), "model": model})
 
 
-def expected_run_config(system: System, seed: int, budget: Budget, protocol: str, run_dir: Path) -> Any:
-    """The `Config` the trainer of one run parses from its command (`train_command`), without loading anything: the
-    start model is taken as named (it may not exist yet, as the warm start's before it trains)."""
+def expected_run_settings(system: System, seed: int, budget: Budget, protocol: str, run_dir: Path) -> dict[str, Any]:
+    """Every setting (`Config.flat`) the trainer of one run parses from its command (`train_command`), without
+    loading anything: the start model as named (it may not exist yet, as the warm start's before it trains)."""
     argv = train_command(system.algo, seed, budget, protocol, run_dir, None, system.flags)[3:]
     extra: dict[str, Any] = {}
     if system.algo == "grpo_expert":
@@ -377,7 +383,8 @@ def expected_run_config(system: System, seed: int, budget: Budget, protocol: str
         from algos.sft import sft_defaults
 
         extra.update(sft_defaults(argv))
-    return parse_naming_model(argv, algo=system.algo, **extra)
+    config, model = without_model(argv, algo=system.algo, **extra)
+    return {**config.flat(), **({"model": model} if model is not None else {})}
 
 
 def evaluate_run(
