@@ -27,6 +27,7 @@ one line and exit status 1 instead. ``--out`` writes one JSON line per question.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -347,6 +348,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     else:
         target = _flag_target(args, parser, flags)
     _check_model(args, parser, target.model)
+    batch = _batch_that_fits(args, target)
+    if batch < target.batch:
+        print(f"{batch} episodes at a time instead of --eval-batch-size {target.batch}: no more fit in memory")
+        target = dataclasses.replace(target, batch=batch)
     try:
         result = _evaluate(args, target)
     except EvaluationFailed as err:
@@ -381,6 +386,27 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         problem = output_problem(flag, path) if path is not None else None
         if problem:
             parser.error(problem)
+
+
+def _batch_that_fits(args: argparse.Namespace, target: _Target) -> int:
+    """Episodes per batched rollout: the target's, and with the transformers sampler on a CPU no more than fit in the
+    memory available (`algos.run.memory.held_out_batch`: each at the full context)."""
+    import torch
+
+    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if args.sampler != "hf" or on_gpu:
+        return target.batch
+    from algos.config import Config
+    from algos.run import memory
+
+    config = Config().with_values(
+        protocol="coda" if target.agent == "coda" else "flat",
+        max_context_tokens=target.max_context_tokens,
+        eval_batch_size=target.batch,
+        eval_questions=args.limit or 10**9,
+        device="cpu",
+    )
+    return memory.held_out_batch(config, None if target.model in ("None", "none") else target.model)
 
 
 def _check_model(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> None:

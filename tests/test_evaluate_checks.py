@@ -98,3 +98,25 @@ def test_a_run_s_env_flags_replace_its_settings(tmp_path):
     raw = run_settings(config, {"query_action_format": "raw", "max_passage_words": 20})
     assert plain["env_kwargs"]["action_format"] == "tag" and raw["env_kwargs"]["action_format"] == "raw"
     assert (plain["env_kwargs"]["max_passage_words"], raw["env_kwargs"]["max_passage_words"]) == (50, 20)
+
+
+def test_on_a_cpu_the_batch_is_no_larger_than_fits_in_memory(monkeypatch, tmp_path):
+    """With the transformers sampler on a CPU, `--eval-batch-size` episodes at a time only where their contexts fit
+    in the memory available (`algos.run.memory.held_out_batch`); other samplers keep the flag's batch."""
+    from agents.models import tiny_model
+    from algos.run import memory
+    from benchmarks.evaluate import _batch_that_fits, _flag_target
+
+    model, tokenizer = tiny_model(seed=0)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    parser = _parser()
+
+    def batch(*argv: str) -> int:
+        args = parser.parse_args(["--agent", "coda", "--model", str(tmp_path), "--device", "cpu", *argv])
+        return _batch_that_fits(args, _flag_target(args, parser, {}))
+
+    assert batch("--eval-batch-size", "40") == 40
+    monkeypatch.setattr(memory, "usable_memory", lambda device: 0.0)
+    assert batch("--eval-batch-size", "40") == 1
+    assert batch("--eval-batch-size", "40", "--sampler", "openai", "--sampler-url", "http://127.0.0.1:9") == 40

@@ -244,7 +244,10 @@ def held_out_batch(config: Any, model: Any) -> int:
         from agents.models import ensure_smollm2_cache
 
         source = str(ensure_smollm2_cache()) if model in (None, "None", "none", "smollm2-135m", "tiny") else model
-        shape = Shape.of(AutoConfig.from_pretrained(str(source)))
+        try:
+            shape = Shape.of(AutoConfig.from_pretrained(str(source)))
+        except (OSError, ValueError):  # no config to read here: the loader says why when it loads the model
+            return batch
     return min(batch, evaluation_rows(config, shape, MARGIN * usable_memory("cpu"), model_loaded=loaded))
 
 
