@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.oracle import base_title, mentions, shown_passages
-from algos.run.first_search import shows_answer
+from envs.first_search import shows_answer
 from envs.rewards import is_yes_no
 
 __all__ = ["KINDS", "build_table", "load_table", "reachable", "table_path"]
