@@ -140,7 +140,7 @@ def score_held_out(
         split, questions, limit = config.env.split, settings["questions"], None
     world = distributed.World(*_rank_and_size())
     batch = memory.held_out_batch(config, model)
-    if batch < config.run.eval_batch_size:
+    if batch < min(config.run.eval_batch_size, len(questions)):
         logger.warning(
             "held-out evaluation: %d episodes at a time instead of --eval-batch-size %d, so that their contexts fit "
             "in this machine's available memory",

@@ -153,10 +153,13 @@ def evaluation_bytes(config: Any, shape: Shape, rows: int, *, model_loaded: bool
     return parts
 
 
-def evaluation_rows(config: Any, shape: Shape, room: float, *, model_loaded: bool = False) -> int:
-    """The most episodes the held-out evaluation may run at a time in `room` bytes: ``--eval-batch-size`` (and the
-    questions), fewer where their contexts would not fit, 1 at least."""
-    wanted = max(1, min(int(config.run.eval_batch_size), _evaluation_episodes(config) or 1))
+def evaluation_rows(
+    config: Any, shape: Shape, room: float, *, model_loaded: bool = False, wanted: int | None = None
+) -> int:
+    """The most episodes the held-out evaluation may run at a time in `room` bytes: `wanted` (default
+    ``--eval-batch-size``, or the questions when fewer), fewer where their contexts would not fit, 1 at least."""
+    if wanted is None:
+        wanted = max(1, min(int(config.run.eval_batch_size), _evaluation_episodes(config) or 1))
     fixed = sum(evaluation_bytes(config, shape, 0, model_loaded=model_loaded).values())
     fit = int((room - fixed) // evaluation_row_bytes(config, shape))
     return max(1, min(wanted, fit))
@@ -248,7 +251,7 @@ def held_out_batch(config: Any, model: Any) -> int:
             shape = Shape.of(AutoConfig.from_pretrained(str(source)))
         except (OSError, ValueError):  # no config to read here: the loader says why when it loads the model
             return batch
-    return min(batch, evaluation_rows(config, shape, MARGIN * usable_memory("cpu"), model_loaded=loaded))
+    return evaluation_rows(config, shape, MARGIN * usable_memory("cpu"), model_loaded=loaded, wanted=batch)
 
 
 def device_memory(device: str) -> float:
