@@ -88,8 +88,7 @@ def test_timing_keeps_the_fastest_call():
 def test_evaluate_and_first_search_run_as_console_scripts(tmp_path, monkeypatch, capsys):
     """`redcoda-evaluate` writes a result (the oracle agent: no model to load) that `redcoda-first-search` splits,
     each through its console script's function."""
-    from benchmarks.evaluate import cli as evaluate
-    from benchmarks.first_search import cli as first_search
+    from benchmarks.scripts import evaluate, first_search  # the functions pyproject.toml's console scripts call
 
     result = tmp_path / "oracle.json"
     monkeypatch.setattr(sys, "argv", ["redcoda-evaluate", "--agent", "oracle", "--limit", "2", "--result", str(result)])
