@@ -58,7 +58,10 @@ class Trainer(TrainingRun):
     Details a reader may need:
 
     - Advantages are group-normalized episode rewards (`group_advantages`), broadcast to every generation of the
-      episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO).
+      episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO); ``search_credit`` adds each
+      search turn's own credit on that turn's tokens (`algos.search_credit`), ``max_resample_batches`` replaces tied
+      groups before the update (`_play`, `algos.dynamic_sampling`), and ``pg_token_norm=signal`` divides the RL terms
+      by the tokens of the contexts that carry an advantage (docs/method.md, "Steps that carry a gradient").
     - loss_pg is the clipped token-level objective over every sampled token of the batch, normalized by the
       batch's total count of sampled tokens, and loss_sft likewise over the demonstrations' assistant tokens: so
       micro-batches (rows of similar length, ``micro_batch_tokens`` padded tokens at most,
