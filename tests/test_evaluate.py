@@ -73,7 +73,7 @@ def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, 
     ("Boyzone") does not; dev 9 is a yes/no question."""
     from algos.config import preset_config
     from algos.run.evaluation import held_out_settings
-    from algos.run.first_search import main as first_search
+    from envs.first_search import main as first_search
 
     settings = held_out_settings(preset_config("cpu", protocol="flat"))
 
@@ -112,12 +112,12 @@ def test_first_search_splits_an_evaluation_into_reading_and_searching(tmp_path, 
     assert kinds["bridge"]["n"] == 3 and kinds["bridge"]["f1"] == pytest.approx(1 / 3) and kinds["yes/no"]["n"] == 1
     assert "comparison: one of the two named" not in kinds
     assert "| run (trained) | 3, 0.333 [" in printed
-    from algos.run.first_search import split_tables
+    from envs.first_search import split_tables
 
     tables, numbers = split_tables({"one": {"settings": settings, "predictions": predictions[:1]}})
     assert numbers["one"]["not shown"]["n"] == 0 and numbers["one"]["yes/no"]["f1"] is None
     assert "| one | 1, 1.000 [" in tables and tables.splitlines()[2].endswith("| 0 | 0 |")
-    from algos.run.first_search import by_kind, question_kinds
+    from envs.first_search import by_kind, question_kinds
 
     more = {"settings": settings, "predictions": [{"index": 2, "f1": 0.5}, {"index": 20, "f1": 0.0}]}
     assert question_kinds(more) == {2: "comparison: one of the two named", 20: "comparison: other"}

@@ -209,7 +209,7 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     """Score the trainer's current model and the model it started from on the held-out questions.
 
     Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the before/after table,
-    then the trained model's first-search split, `algos.run.first_search`) into the run directory. Under data
+    then the trained model's first-search split, `envs.first_search`) into the run directory. Under data
     parallelism every rank scores its share of the questions and rank 0 alone writes (the other ranks return an
     empty dict).
 
@@ -237,11 +237,11 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
         after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
     if not main:  # data-parallel ranks besides 0 scored their share and write nothing
         return {}
-    from algos.run.first_search import split_tables
+    from envs.first_search import split_tables
 
     reading, numbers = split_tables({"after (trained)": after})  # retrieval only: the first queries replayed
     table = (
-        f"{format_before_after(before, after, config)}\n\nReading or searching (`algos.run.first_search`): does the "
+        f"{format_before_after(before, after, config)}\n\nReading or searching (`envs.first_search`): does the "
         f"question itself, as the first query, show a gold answer?\n\n{reading}"
     )
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.oracle import base_title, mentions, shown_passages
-from algos.run.first_search import shows_answer
+from envs.first_search import shows_answer
 from envs.rewards import is_yes_no
 
 
