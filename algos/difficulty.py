@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from agents.oracle import base_title, mentions, shown_passages
 from envs.first_search import shows_answer
 from envs.rewards import is_yes_no
 
-__all__ = ["KINDS", "build_table", "load_table", "reachable", "table_path"]
+__all__ = ["KINDS", "build_table", "classify", "load_table", "reachable", "searcher", "table_path"]
 
 KINDS: tuple[str, ...] = ("first", "bridge", "yes_no", "unreachable")
 """The kinds of question, in the order the table's summary prints them."""
@@ -52,6 +53,39 @@ def table_path(env_id: str, env_kwargs: dict[str, Any]) -> Path:
     return cache_root() / "difficulty" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def searcher(env: Any) -> Callable[[int, str], str]:
+    """``search(index, query)``: the observation of `query` searched in a fresh episode of question `index` of `env`
+    (each query on its own, so the turn limit never cuts a replay short)."""
+
+    def search(index: int, query: str) -> str:
+        env.reset(options={"index": index})
+        observation, *_ = env.step(f"<search>{query}</search>")
+        return observation
+
+    return search
+
+
+def classify(example: Any, search: Callable[[str], str], tries: int = 2) -> tuple[str, bool]:
+    """The kind (`KINDS`) of `example`, and whether a gold title missing from the first results is named in the
+    question or in them (first-miss questions only).
+
+    Args:
+        example: A `envs.data.QAExample`.
+        search: The observation of a query searched for this question.
+        tries: How many of the named titles to search, in the order of the gold titles.
+    """
+    if is_yes_no(example.answer):
+        return "yes_no", False
+    first = search(example.question)
+    if shows_answer(first, example.answers):
+        return "first", False
+    shown = dict(shown_passages(first))
+    readable = example.question + " " + " ".join(shown.values())
+    named = [base_title(t) for t in example.gold_titles if t not in shown and mentions(readable, base_title(t))]
+    reached = any(shows_answer(search(title), example.answers) for title in named[:tries])
+    return ("bridge" if reached else "unreachable"), bool(named)
+
+
 def build_table(env_id: str, env_kwargs: dict[str, Any], indices: Sequence[int] | None = None) -> list[str]:
     """The kind (`KINDS`) of each question of the split (or of `indices` only), from the env's own searches."""
     import gymnasium as gym
@@ -59,28 +93,9 @@ def build_table(env_id: str, env_kwargs: dict[str, Any], indices: Sequence[int] 
     import envs  # noqa: F401  (registers the env ids)
 
     env = gym.make(env_id, disable_env_checker=True, **search_settings(env_kwargs))
-    inner = env.unwrapped
-
-    def search(index: int, query: str) -> str:
-        env.reset(options={"index": index})  # each query on its own: the turn limit never cuts a replay short
-        observation, *_ = env.step(f"<search>{query}</search>")
-        return observation
-
-    kinds = []
-    for index in range(inner.num_examples) if indices is None else indices:
-        example = inner.examples[index]
-        if is_yes_no(example.answer):
-            kinds.append("yes_no")
-            continue
-        first = search(index, example.question)
-        if shows_answer(first, example.answers):
-            kinds.append("first")
-            continue
-        shown = dict(shown_passages(first))
-        readable = example.question + " " + " ".join(shown.values())
-        named = [base_title(t) for t in example.gold_titles if t not in shown and mentions(readable, base_title(t))]
-        reached = any(shows_answer(search(index, title), example.answers) for title in named[:2])
-        kinds.append("bridge" if reached else "unreachable")
+    search, examples = searcher(env), env.unwrapped.examples
+    indices = range(len(examples)) if indices is None else indices
+    kinds = [classify(examples[i], functools.partial(search, i))[0] for i in indices]
     env.close()
     return kinds
 
