@@ -93,6 +93,8 @@ class _Slot:
     closed: list[Generation] = field(default_factory=list)
     closed_searches: list[list[SearchTurn]] = field(default_factory=list)
     """The searches of each closed context, in the order of ``closed``."""
+    searches_made: int = 0
+    """Searches of the episode that returned results so far."""
     actions: list[str] = field(default_factory=list)
     turns: list[Completion] = field(default_factory=list)
     """The completion behind each action, sampled or replayed."""
@@ -289,12 +291,12 @@ class ContextAgent:
         obs, reward, terminated, truncated, info = slot.env.step(action)
         slot.last_obs, role = obs, info["role"]
         if "doc_ids" in info:  # a search that returned results: where its tokens are and what it brought
-            position = 1 + sum(len(c) for c in slot.closed_searches) + sum(len(c.searches) for c in slot.parked)
+            slot.searches_made += 1
             search = SearchTurn(
                 -1,
                 start,
                 len(slot.context.token_ids),
-                position + len(slot.context.searches),
+                slot.searches_made,
                 int(info.get("new_gold_titles", 0)),
                 int(info.get("gold_titles_total", 0)),
                 bool(info.get("repeated_query", False)),

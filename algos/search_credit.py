@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from tensordict import TensorDict
 from torch import Tensor
 
 from agents.records import Trajectory
@@ -61,7 +62,7 @@ def search_advantages(trajectories: Sequence[Trajectory], repeat_penalty: float)
 def token_advantages(
     trajectories: Sequence[Trajectory],
     episode_adv: Tensor,
-    loss_mask: Tensor,
+    batch: TensorDict,
     search_credit: float,
     repeat_penalty: float,
 ) -> Tensor:
@@ -71,16 +72,15 @@ def token_advantages(
     Args:
         trajectories: The batch's episodes, in the order `agents.collate.collate_trajectories` laid out their rows.
         episode_adv: ``(B,)`` episode advantages (`algos.losses.group_advantages`).
-        loss_mask: ``(N, T-1)`` the batch's shifted loss mask.
+        batch: Their collated batch (its ``episode_id`` and shifted ``loss_mask``).
         search_credit: Weight of the search term.
         repeat_penalty: Subtracted from a repeated query's reward.
 
     Returns:
         ``(N, T-1)`` float advantages, 0 off the mask.
     """
-    lengths = [len(t.generations) for t in trajectories]
-    episode_id = torch.repeat_interleave(torch.arange(len(trajectories)), torch.tensor(lengths))  # (N,)
-    adv = episode_adv.to(torch.float32)[episode_id].unsqueeze(-1).expand(loss_mask.shape).clone()  # (N, T-1)
+    loss_mask = batch["loss_mask"]
+    adv = episode_adv.to(torch.float32)[batch["episode_id"]].unsqueeze(-1).expand(loss_mask.shape).clone()  # (N, T-1)
     first_row = 0
     for t, episode in zip(trajectories, search_advantages(trajectories, repeat_penalty), strict=True):
         for s, a in zip(t.searches, episode, strict=True):

@@ -262,7 +262,7 @@ class Trainer(TrainingRun):
         batch = self.collate(trajectories)
         rl = self.config.rl
         if rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
-            batch["adv"] = token_advantages(trajectories, adv, batch["loss_mask"], rl.search_credit, rl.repeat_penalty)
+            batch["adv"] = token_advantages(trajectories, adv, batch, rl.search_credit, rl.repeat_penalty)
         else:
             batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         metrics = {"critic/advantages/abs_mean": float(adv.abs().mean()), "rl/signal_rows": _share(signal_rows(batch))}

@@ -58,7 +58,7 @@ def test_token_advantages_put_the_search_credit_on_that_turns_tokens_only():
     missed = _episode(0, 0.0, [_generation([(4, 7), (9, 11)], 12), planner], [_search(0, 4, 7, 1, 0)])
     batch = collate_trajectories([found, missed])
     episode_adv = torch.tensor([0.5, -0.5])
-    adv = token_advantages([found, missed], episode_adv, batch["loss_mask"], search_credit=2.0, repeat_penalty=0.5)
+    adv = token_advantages([found, missed], episode_adv, batch, search_credit=2.0, repeat_penalty=0.5)
     assert adv.shape == batch["loss_mask"].shape
     # found's search: +0.5 episode, + 2.0 x (1.0 - mean(1.0, 0.0)) = +1.5 on its 3 tokens
     assert adv[0, 3:6].tolist() == pytest.approx([1.5, 1.5, 1.5])
