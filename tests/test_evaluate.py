@@ -130,7 +130,8 @@ def test_the_second_query_bound_counts_what_one_more_search_finds(bm25):
     import gymnasium as gym
 
     from agents.oracle import base_title
-    from benchmarks.investigations.second_query_bound import bound, main, shows_answer
+    from benchmarks.investigations.second_query_bound import bound, main
+    from envs.first_search import shows_answer
 
     kwargs = {"split": "dev", "retriever": bm25, "top_k": 3, "max_passage_words": 40}
     result = bound(kwargs, range(40))
