@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 from agents.collate import collate_trajectories
 from agents.records import Trajectory
-from algos.config import Config, argv_preset
+from algos.config import Config
 from algos.run.launch import main as train
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
@@ -353,13 +353,7 @@ class ArCHerTrainer(Trainer):
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train with the ArCHer-style learner; returns the run summary."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    defaults = {**ARCHER_DEFAULTS, **ARCHER_PRESETS[argv_preset(args)]}
-    return train(
-        args, algo="archer", description=__doc__, trainer_cls=ArCHerTrainer, config_cls=ArCHerConfig, **defaults
-    )
+    return train(argv, algo="archer", description=__doc__)
 
 
 if __name__ == "__main__":

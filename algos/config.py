@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from tyro.conf import OmitArgPrefixes
 
 from algos.presets import PRESETS
+from algos.registry import UnknownAlgorithm, algorithm
 from algos.setting_checks import (
     CONFIG_RULES,
     check_finite,
@@ -138,6 +139,7 @@ class Config:
         Raises:
             ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
         """
+        self._check_algorithm()
         check_finite(self)
         check_rules(self, CONFIG_RULES)
         self._check_env_and_data()
@@ -148,6 +150,20 @@ class Config:
         if unknown:
             raise ValueError(f"--resume-changed names no setting: {', '.join(unknown)} (use the flags' names: lr ...)")
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
+
+    def _check_algorithm(self) -> None:
+        """The algorithm is registered (`algos.registry`), and no setting it cannot honour is changed."""
+        try:
+            algo = algorithm(self.run.algo)
+        except UnknownAlgorithm as err:
+            raise ValueError(str(err)) from None
+        for name, why in algo.refuses.items():
+            section = SECTIONS[SECTION_OF[name]] if name in SECTION_OF else type(self)
+            default = next(spec.default for spec in dataclasses.fields(section) if spec.name == name)
+            value = self.flat()[name]
+            if value != default:
+                flag = name.replace("_", "-")
+                raise ValueError(f"--{flag} {value} is not honoured by {algo.name} ({why}): leave it unset")
 
     def _check_env_and_data(self) -> None:
         """The retriever, the context length, the group size and the held-out questions."""
@@ -175,7 +191,7 @@ class Config:
                     f"--tree-roots ({self.rl.tree_roots}) x (1 + rounds x --tree-branches ({self.rl.tree_branches})) "
                     f"with at least one round, e.g. {self.rl.tree_roots * (1 + self.rl.tree_branches)}"
                 )
-        if self.run.algo in ("grpo", "grpo_sft", "red_grpo", "grpo_expert") and self.rl.group_size < 2:
+        if algorithm(self.run.algo).groups and self.rl.group_size < 2:
             raise ValueError(
                 f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} "
                 "(GRPO's advantages compare the episodes of a group: with one episode every advantage is 0)"
@@ -209,10 +225,11 @@ class Config:
 
     def _check_processes(self, ranks: int) -> None:
         """Data parallelism over `ranks` processes (each needs a share of the batch), FSDP, and the sampler."""
-        if ranks > 1 and self.run.algo == "archer":
+        algo = algorithm(self.run.algo)
+        if ranks > 1 and algo.single_process is not None:
             raise ValueError(
-                f"archer does not run data-parallel ({ranks} ranks): its critic and replay buffer would train on "
-                "each rank's turns alone and drift apart; run it as one process (python -m algos.archer)"
+                f"{algo.name} does not run data-parallel ({ranks} ranks): {algo.single_process}; run it as one "
+                f"process (python {' '.join(algo.command())})"
             )
         if ranks > 1 and self.rl.max_resample_batches:
             raise ValueError(

@@ -19,13 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.expert_groups import ExpertConfig, ExpertTrainer
 from algos.run.launch import main as train
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train GRPO with expert members in its groups; returns the run summary."""
-    return train(argv, algo="grpo_expert", description=__doc__, trainer_cls=ExpertTrainer, config_cls=ExpertConfig)
+    return train(argv, algo="grpo_expert", description=__doc__)
 
 
 if __name__ == "__main__":

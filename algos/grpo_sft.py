@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from algos.run.launch import main as train
-from algos.trainer import Trainer
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train with GRPO + fixed SFT; returns the run summary."""
-    return train(argv, algo="grpo_sft", description=__doc__, trainer_cls=Trainer)
+    return train(argv, algo="grpo_sft", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from agents.collate import collate_trajectories
 from algos import distributed
 from algos.batch import micro_batches
-from algos.config import QUERY_REWRITE_ENV, Config, argv_preset
+from algos.config import QUERY_REWRITE_ENV, Config
 from algos.losses import policy_loss
 from algos.run.launch import main as train
 from algos.setting_checks import at_least, check_rules, positive, within
@@ -83,7 +83,7 @@ PPO_DEFAULTS: dict[str, object] = {
     "kl_estimator": "k1",
     "value_lr": 1e-4,
 }
-"""The entry point's defaults over every preset's."""
+"""PPO's defaults over every preset's (`algos.registry`: the precedence rule of `Algorithm.defaults_for`)."""
 
 PPO_PRESETS: dict[str, dict[str, object]] = {
     "gpu": {"questions_per_step": 64, "lr": 1e-6},
@@ -253,11 +253,7 @@ def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train with PPO; returns the run summary."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    defaults = {**PPO_DEFAULTS, **PPO_PRESETS[argv_preset(args)]}
-    return train(args, algo="ppo", description=__doc__, trainer_cls=PPOTrainer, config_cls=PPOConfig, **defaults)
+    return train(argv, algo="ppo", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ __all__ = [
 ]
 
 PresetName = Literal["gpu", "cpu", "tiny"]
-AlgoName = Literal["grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"]
+AlgoName = str
+"""A registered algorithm's name (`algos.registry`: grpo, grpo_sft, red_grpo, grpo_expert, sft, ppo, archer and any
+another package registers); `Config.validate` refuses one that is not."""
 
 
 @dataclass(frozen=True)
@@ -325,9 +327,9 @@ class RunSettings:
     preset: PresetName = "gpu"
     """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
     algo: tyro.conf.Suppress[AlgoName] = "red_grpo"
-    """Fixed by the entry point: grpo (no SFT), grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes
-    inside the groups, algos.expert_groups), sft (SFT only: a warm start), ppo (value head + GAE, algos.ppo), archer
-    (utterance-level critic, algos.archer)."""
+    """Fixed by the entry point (or ``python -m algos.train --algo NAME``), a name in `algos.registry`: grpo (no SFT),
+    grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes inside the groups, algos.expert_groups), sft
+    (SFT only: a warm start), ppo (value head + GAE, algos.ppo), archer (utterance-level critic, algos.archer)."""
     seed: int = 0
     """Seeds the data order, sampling, SFT minibatches and model initialisation."""
     run_dir: str | None = None

@@ -15,30 +15,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from algos.config import argv_preset
 from algos.presets import PRESETS
 from algos.run.launch import main as train
-from algos.trainer import Trainer
 
-__all__ = ["SFT_DEFAULTS", "main", "sft_defaults"]
+__all__ = ["SFT_DEFAULTS", "SFT_PRESETS", "main"]
 
 SFT_DEFAULTS: dict[str, object] = {"lr": 5e-5, "sft_batch_size": 4, "sft_coef": 1.0}
 """A warm start's step size and batch, larger than the seed's RL fine-tuning (lr 1e-6); a preset that sets its own
 (cpu: lr 1e-4 and 8 demonstrations, what its SFT term trains with) keeps them."""
 
-
-def sft_defaults(argv: Sequence[str]) -> dict[str, object]:
-    """The entry point's defaults for a command line: `SFT_DEFAULTS` less what its preset sets itself."""
-    preset = PRESETS[argv_preset(argv)]
-    return {key: value for key, value in SFT_DEFAULTS.items() if key not in preset}
+SFT_PRESETS: dict[str, dict[str, object]] = {
+    preset: {key: value for key, value in SFT_DEFAULTS.items() if key not in settings}
+    for preset, settings in PRESETS.items()
+}
+"""The SFT algorithm's defaults for each preset (`algos.registry`): `SFT_DEFAULTS` less what the preset sets itself."""
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the SFT warm start; returns the run summary."""
-    import sys
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    return train(args, algo="sft", description=__doc__, trainer_cls=Trainer, **sft_defaults(args))
+    return train(argv, algo="sft", description=__doc__)
 
 
 if __name__ == "__main__":

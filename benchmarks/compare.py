@@ -60,7 +60,6 @@ from benchmarks.compare_report import (
 from benchmarks.compare_runs import (
     ALGOS,
     BUDGETS,
-    SYSTEM_ALGOS,
     Budget,
     ClaimedElsewhere,
     System,
@@ -80,7 +79,6 @@ from benchmarks.compare_runs import (
 __all__ = [
     "ALGOS",
     "BUDGETS",
-    "SYSTEM_ALGOS",
     "TABLE_METRICS",
     "Budget",
     "ClaimedElsewhere",
@@ -101,6 +99,8 @@ __all__ = [
 
 
 def _parser() -> argparse.ArgumentParser:
+    from algos.registry import algorithm_names
+
     parser = argparse.ArgumentParser(
         description="Compare GRPO, GRPO + SFT, GRPO + RED and SFT alone (sft) on the same env."
     )
@@ -109,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(ALGOS),
         metavar="SYSTEM",
-        help=f"systems to compare: {', '.join(SYSTEM_ALGOS)} (sft: `python -m algos.sft` alone, the same budget), "
-        "or one with its own settings, e.g. grpo_sft:sft_coef=0.4, sft:lr=5e-5 or grpo_expert:expert_shaping=0.2",
+        help=f"systems to compare: registered algorithms ({', '.join(algorithm_names())}; sft: `python -m algos.sft` "
+        "alone, the same budget), or one with its own settings, e.g. grpo_sft:sft_coef=0.4, sft:lr=5e-5 or "
+        "grpo_expert:expert_shaping=0.2",
     )
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every algorithm")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
@@ -181,14 +182,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, syste
     if args.init_model:
         common += ["--model", args.init_model]
     for system in systems:  # each trainer's own parser: its one line, exit 2, for a setting it refuses
-        config_cls = None
-        if system.algo == "grpo_expert":
-            from algos.expert_groups import ExpertConfig
-
-            config_cls = ExpertConfig
-        extra = {"config_cls": config_cls} if config_cls is not None else {}
-        algo = "sft" if system.algo == "sft" else system.algo
-        parse_config([*common, *system.flags], algo=algo, **extra)
+        parse_config([*common, *system.flags], algo=system.algo)
 
 
 @dataclasses.dataclass

@@ -25,11 +25,9 @@ from typing import IO, Any
 from benchmarks.compare_checks import jsonable
 
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
-"""The algorithms a comparison trains by default."""
-SYSTEM_ALGOS = (*ALGOS, "grpo_expert", "sft")
-"""Every algorithm a system may name: `grpo_expert` is GRPO with oracle episodes inside its groups
-(`python -m algos.grpo_expert`, `algos.expert_groups`); `sft` is the SFT-only arm, `python -m algos.sft` under the
-same budget."""
+"""The algorithms a comparison trains by default. A system may name any registered algorithm (`algos.registry`):
+`grpo_expert` is GRPO with oracle episodes inside its groups (`python -m algos.grpo_expert`); `sft` is the SFT-only
+arm, `python -m algos.sft` under the same budget; another package's is trained by ``python -m algos.train --algo``."""
 
 
 @dataclass(frozen=True)
@@ -111,17 +109,14 @@ class System:
 
 def parse_system(spec: str) -> System:
     """`algo` or `algo:name=value[,name=value]` -> System; ValueError names what is wrong."""
-    from algos.config import Config
+    from algos.registry import UnknownAlgorithm, algorithm
 
     algo, colon, settings = spec.partition(":")
-    if algo not in SYSTEM_ALGOS:
-        raise ValueError(f"unknown algorithm {algo!r} in {spec!r} (one of {', '.join(SYSTEM_ALGOS)})")
-    config_cls = Config
-    if algo == "grpo_expert":  # a learner with settings of its own: grpo_expert:expert_shaping=0.2
-        from algos.expert_groups import ExpertConfig
-
-        config_cls = ExpertConfig
-    types = config_cls.flat_types()
+    try:
+        entry = algorithm(algo)
+    except UnknownAlgorithm as err:
+        raise ValueError(f"{err} (in {spec!r})") from None
+    types = entry.config_class().flat_types()  # a learner's own settings too: grpo_expert:expert_shaping=0.2
     flags: list[str] = []
     for setting in filter(None, settings.split(",")):
         key, sep, value = setting.partition("=")
@@ -148,15 +143,18 @@ def train_command(
     threads: int | None = None,
     flags: Sequence[str] = (),
 ) -> list[str]:
-    """The trainer command of one run: `python -m algos.<algo>` with the budget's flags, then the system's own.
+    """The trainer command of one run: the algorithm's entry point (`algos.registry.Algorithm.command`: ``python -m
+    algos.<algo>``, or ``python -m algos.train --algo NAME``) with the budget's flags, then the system's own.
 
-    Every system, the SFT-only arm (`sft`) included, gets the same budget flags; each entry point applies its own
-    defaults (`algos.sft.sft_defaults` for `sft`), so a run trains what the same command typed by hand would.
+    Every system, the SFT-only arm (`sft`) included, gets the same budget flags; each algorithm's own defaults apply
+    as they do for any command line (`algos.registry.Algorithm.defaults_for`), so a run trains what the same command
+    typed by hand would.
     """
+    from algos.registry import algorithm
+
     return [
         sys.executable,
-        "-m",
-        f"algos.{algo}",
+        *algorithm(algo).command(),
         "--preset",
         budget.preset,
         "--seed",
@@ -373,17 +371,11 @@ def evaluation_key(budget: Budget, config: Any, model: str) -> dict[str, Any]:
 def expected_run_settings(system: System, seed: int, budget: Budget, protocol: str, run_dir: Path) -> dict[str, Any]:
     """Every setting (`Config.flat`) the trainer of one run parses from its command (`train_command`), without
     loading anything: the start model as named (it may not exist yet, as the warm start's before it trains)."""
-    argv = train_command(system.algo, seed, budget, protocol, run_dir, None, system.flags)[3:]
-    extra: dict[str, Any] = {}
-    if system.algo == "grpo_expert":
-        from algos.expert_groups import ExpertConfig
+    from algos.registry import algorithm
 
-        extra["config_cls"] = ExpertConfig
-    elif system.algo == "sft":
-        from algos.sft import sft_defaults
-
-        extra.update(sft_defaults(argv))
-    config, model = without_model(argv, algo=system.algo, **extra)
+    command = train_command(system.algo, seed, budget, protocol, run_dir, None, system.flags)
+    argv = command[1 + len(algorithm(system.algo).command()) :]
+    config, model = without_model(argv, algo=system.algo)
     return {**config.flat(), **({"model": model} if model is not None else {})}
 
 

@@ -305,14 +305,16 @@ class _StalledRankOne:
 
 def _stalled_run(run_dir: str, timeout: str) -> None:
     """The tiny preset's GRPO under torchrun, through the entry points' `main`, with rank 1 stalled."""
+    from algos.registry import Algorithm, register_algorithm
     from algos.run.launch import main
     from algos.trainer import Trainer
 
     class StalledTrainer(_StalledRankOne, Trainer):
         pass
 
+    register_algorithm(Algorithm("stalled_grpo", learner=StalledTrainer, label="GRPO with rank 1 stalled"))
     flags = ["--preset", "tiny", "--run-dir", run_dir, "--corpus", "distractor", "--eval-questions", "0"]
-    main([*flags, "--dist-timeout-seconds", timeout, "--steps", "1"], algo="grpo", trainer_cls=StalledTrainer)
+    main([*flags, "--dist-timeout-seconds", timeout, "--steps", "1"], algo="stalled_grpo")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,16 @@ def test_a_config_file_applies_after_the_preset_and_before_the_flags(tmp_path):
 def test_a_saved_run_config_reproduces_the_run(tmp_path):
     saved = preset_config("tiny", algo="grpo_sft", protocol="coda", seed=4, top_k=5)
     write_run_config(saved, tmp_path)
-    assert parse_config(["--config", str(tmp_path / "redcoda_config.json")], algo="red_grpo") == saved
+    assert parse_config(["--config", str(tmp_path / "redcoda_config.json")], algo="grpo_sft") == saved
+
+
+def test_a_config_file_of_another_algorithm_is_refused_in_one_line(tmp_path, capsys):
+    """The entry point's learner trains: a saved grpo_sft run's file given to red_grpo is an error, not a swap."""
+    write_run_config(preset_config("tiny", algo="grpo_sft"), tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--config", str(tmp_path / "redcoda_config.json")], algo="red_grpo")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "python -m algos.grpo_sft --config" in err
 
 
 def test_a_config_file_naming_no_setting_is_a_usage_error(tmp_path, capsys):

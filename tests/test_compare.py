@@ -302,7 +302,6 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     import dataclasses
 
     from algos.run.cli import parse_config
-    from algos.sft import sft_defaults
     from benchmarks.compare import BUDGETS, train_command
 
     budget = dataclasses.replace(BUDGETS[budget_name], train_args=(*BUDGETS[budget_name].train_args, "--model", "M"))
@@ -312,7 +311,7 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     assert sft[1:3] == ["-m", "algos.sft"] and rl[1:3] == ["-m", "algos.grpo_sft"]
     assert sft[3:] == rl[3:]
     args = sft[3:]
-    config = parse_config(args, algo="sft", **sft_defaults(args))
+    config = parse_config(args, algo="sft")
     rl_config = parse_config(rl[3:], algo="grpo_sft")
     assert config.run.algo == "sft" and config.model.model == "M" and config.run.seed == 1
     assert (config.optim.steps, config.optim.max_train_minutes) == (
@@ -322,9 +321,7 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     assert config.optim.steps == budget.steps_for("flat")
     assert config.sft.sft_coef == 1.0  # SFT alone: its loss is the whole objective
     variant = train_command("sft", 1, budget, "flat", run_dir, flags=("--lr", "5e-5"))
-    assert (
-        parse_config(variant[3:], algo="sft", **sft_defaults(variant[3:])).optim.lr == 5e-5
-    )  # the system's flags decide
+    assert parse_config(variant[3:], algo="sft").optim.lr == 5e-5  # the system's flags decide
 
 
 def test_the_pairing_takes_in_the_sft_arm():

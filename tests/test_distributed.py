@@ -144,7 +144,7 @@ def test_archer_refuses_data_parallel(monkeypatch):
     with pytest.raises(ValueError, match="archer does not run data-parallel"):
         preset_config("tiny", ArCHerConfig, algo="archer")
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--preset", "tiny"], algo="archer", config_cls=ArCHerConfig)
+        parse_config(["--preset", "tiny"], algo="archer")
     assert exit_info.value.code == 2
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert preset_config("tiny", ArCHerConfig, algo="archer").run.algo == "archer"

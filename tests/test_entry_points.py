@@ -100,10 +100,9 @@ def test_settings_that_cannot_train_are_usage_errors(flags, message, capsys):
 def test_the_warm_start_keeps_a_presets_own_step_size():
     """algos.sft's larger lr and batch replace the seed's RL defaults, never the values a preset chose."""
     from algos.run.cli import parse_config
-    from algos.sft import sft_defaults
 
     def parse(*args: str):
-        return parse_config(list(args), algo="sft", **sft_defaults(args))
+        return parse_config(list(args), algo="sft")
 
     gpu, cpu, flags = parse("--preset", "gpu"), parse("--preset", "cpu"), parse("--preset", "cpu", "--lr", "3e-5")
     assert (gpu.optim.lr, gpu.sft.sft_batch_size, gpu.sft.sft_coef) == (5e-5, 4, 1.0)

@@ -143,7 +143,6 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
         main(
             ["--preset", "tiny", "--micro-batch-tokens", "100000000", "--run-dir", str(tmp_path / "run")],
             algo="red_grpo",
-            trainer_cls=Trainer,
         )
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
@@ -160,7 +159,7 @@ def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_p
     assert huge == pytest.approx(small * 100000 / preset_config("cpu").rl.group_size, rel=0.01)
     flags = ["--preset", "tiny", "--protocol", "coda", "--group-size", "100000", "--run-dir", str(tmp_path / "run")]
     with pytest.raises(SystemExit) as stop:  # 200,000 CoDA episodes: about 70 GB of rollouts
-        main(flags, algo="grpo", trainer_cls=Trainer)
+        main(flags, algo="grpo")
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: the memory estimate") and "rollout batch" in err and "\n" not in err

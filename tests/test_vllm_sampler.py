@@ -170,7 +170,6 @@ def test_without_vllm_the_trainer_refuses_before_anything_loads(tmp_path, capsys
     import importlib.util
 
     from algos.run.launch import main
-    from algos.trainer import Trainer
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -178,7 +177,6 @@ def test_without_vllm_the_trainer_refuses_before_anything_loads(tmp_path, capsys
         main(
             ["--preset", "tiny", "--model", "x", "--sampler", "vllm", "--run-dir", str(tmp_path / "run")],
             algo="grpo",
-            trainer_cls=Trainer,
         )
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()

@@ -21,46 +21,59 @@ from pathlib import Path
 
 from algos.config import VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
 from algos.presets import PRESETS
+from algos.registry import UnknownAlgorithm, algorithm, algorithm_names
 
 __all__ = ["load_config_file", "parse_config"]
 
 
-def parse_config(
-    argv: Sequence[str] | None = None,
-    *,
-    algo: AlgoName,
-    description: str | None = None,
-    config_cls: type[Config] = Config,
-    **defaults: object,
-) -> Config:
-    """Parse a command line into a `Config`: the preset first, then a ``--config FILE``'s values, then every flag.
+def parse_config(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None) -> Config:
+    """Parse a command line into the `Config` of algorithm `algo`, by one rule for every entry point:
+
+        the dataclasses' defaults < the preset < the algorithm's defaults (`algos.registry.Algorithm.defaults_for`:
+        its own, then its own for that preset) < a ``--config FILE``'s values < the command line's flags
 
     The preset is ``--preset``'s, else the config file's, else ``gpu`` with CUDA and ``cpu`` without (printed, as
     the recipes differ). ``--config`` takes a YAML or JSON mapping of field names to values (`load_config_file`),
-    such as a run's saved ``redcoda_config.json``.
+    such as a run's saved ``redcoda_config.json``; an ``algo`` in it must be `algo` (the entry point's learner trains).
 
     Args:
         argv: Arguments without the program name; None reads sys.argv.
-        algo: The entry point's algorithm (fixed: no flag sets it).
+        algo: A registered algorithm's name (the entry point's, fixed: no flag of the trainer sets it); its
+            settings class (`Algorithm.config`) is what is parsed.
         description: Text shown at the top of ``--help``.
-        config_cls: The settings class to parse: `Config`, or a learner's own that extends it.
-        **defaults: Entry-point defaults applied on top of the preset (flags still override them).
 
     Returns:
-        The parsed, frozen `Config`.
+        The parsed, frozen `Config` (the algorithm's settings class).
 
     Raises:
         SystemExit: status 2, after a one-line message naming the flag, for settings that cannot train
-            (``--temperature 0``, ``--group-size 1`` with GRPO, ``--steps 0``, ...), as for any usage error.
+            (``--temperature 0``, ``--group-size 1`` with GRPO, ``--steps 0``, ...) or an algorithm that is not
+            registered, as for any usage error.
     """
     import tyro
 
+    try:
+        entry = algorithm(algo)
+        config_cls = entry.config_class()
+    except (UnknownAlgorithm, ImportError, AttributeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     args = list(sys.argv[1:] if argv is None else argv)
     args, from_file = _config_file_values(args, config_cls)
+    if from_file.get("algo", algo) != algo:  # the learner is the entry point's: a file never swaps it silently
+        other = algorithm(str(from_file["algo"])) if from_file["algo"] in algorithm_names() else None
+        how = f"python {' '.join(other.command())} --config FILE" if other is not None else "its own entry point"
+        print(
+            f"error: --config: the file holds a {from_file['algo']} run's settings (algo), not {algo}'s: train it "
+            f"with {how}, or delete its algo line to train {algo} with its other settings",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     preset = _chosen_preset(args, from_file)
     token = VALIDATE_ON_INIT.set(False)
     try:
-        values = {"algo": algo, **defaults, **{k: v for k, v in from_file.items() if k != "preset"}}
+        from_file = {k: v for k, v in from_file.items() if k not in ("preset", "algo")}
+        values = {**entry.defaults_for(preset), **from_file, "algo": algo}
         base = preset_config(preset, config_cls, **values)  # checked with the flags, below
         usage = "--config FILE: a YAML or JSON file of these settings, applied after the preset, before the flags."
         description = f"{description or ''}\n\n{usage}".strip()

@@ -19,26 +19,19 @@ from agents.evaluation import EvaluationFailed
 from algos import distributed
 from algos.checkpoints.store import CheckpointWriteError, find_latest
 from algos.config import AlgoName, Config
+from algos.registry import algorithm
 from algos.run import control as run_control
 from algos.run.cli import parse_config
 from algos.run.logs import quiet_http_logs
 from algos.run.memory import DoesNotFit
-from algos.run.training_run import TrainingRun, TrainingStopped
+from algos.run.training_run import TrainingStopped
 from envs.data import DataError
 from retrievers.corpus import CorpusError
 
 __all__ = ["main"]
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    *,
-    algo: AlgoName,
-    description: str | None = None,
-    trainer_cls: type[TrainingRun],
-    config_cls: type[Config] = Config,
-    **defaults: object,
-) -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str | None = None) -> dict[str, Any]:
     """Parse the command line, train, and return the summary (the entry points' shared body).
 
     A fault ends the process with one line: exit status 2 for settings, data files and a run directory that cannot
@@ -50,15 +43,13 @@ def main(
 
     Args:
         argv: Arguments without the program name; None reads sys.argv.
-        algo: grpo, grpo_sft, red_grpo, sft, ppo or archer.
+        algo: A registered algorithm's name (`algos.registry`): its learner trains, its settings class parses the
+            command line, its defaults apply over the preset's (flags still override them). The registry names the
+            learner, so this module, which the learners build on, never imports one.
         description: The entry point's ``--help`` text.
-        trainer_cls: The trainer to run: `algos.trainer.Trainer` (the GRPO family, SFT), or a learner with its own
-            advantages and losses (`algos.ppo.PPOTrainer`). The entry point names it, so that this module, which
-            the trainers build on, never imports one.
-        config_cls: The settings class its command line parses (a learner's own extends `Config`).
-        **defaults: The entry point's own defaults over the preset's (flags still override them).
     """
-    config = parse_config(argv, algo=algo, description=description, config_cls=config_cls, **defaults)
+    config = parse_config(argv, algo=algo, description=description)
+    trainer_cls = algorithm(algo).learner_class()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     quiet_http_logs()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from algos.registry import algorithm
+
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -34,14 +36,6 @@ which `agents.models` dequantizes to float32, so the card names it as the base m
 ROLLOUT_ROWS = 16
 """Sample rollouts of the final model sent to wandb (the first held-out questions)."""
 
-_ALGO_NAMES = {
-    "grpo": "GRPO",
-    "grpo_sft": "GRPO + fixed SFT",
-    "red_grpo": "GRPO + RED (RED-inspired dynamic SFT weighting)",
-    "sft": "SFT on oracle demonstrations",
-    "ppo": "PPO",
-    "archer": "ArCHer",
-}
 _CARD_SETTINGS = (
     "algo",
     "preset",
@@ -198,7 +192,8 @@ def model_card(
         evaluation: `evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
         validation: `evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
     """
-    algo = _ALGO_NAMES.get(config.run.algo, config.run.algo)
+    entry = algorithm(config.run.algo)
+    algo = entry.title
     base = base_model_id(config)
     values = config_values(config)
     settings = "\n".join(f"| {name} | {values[name]} |" for name in _CARD_SETTINGS if name in values)
@@ -227,7 +222,8 @@ def model_card(
         "|---|---|",
         settings,
         "",
-        f"Every setting is in `{CONFIG_FILE}` beside the weights: `python -m algos.red_grpo --config {CONFIG_FILE}`",
+        f"Every setting is in `{CONFIG_FILE}` beside the weights: `python {' '.join(entry.command())} --config "
+        f"{CONFIG_FILE}`",
         "repeats the run.",
         "",
         "## Data",

@@ -44,6 +44,7 @@ from algos import distributed
 from algos.batch import masked_head_matches
 from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state, writing
 from algos.config import Config
+from algos.registry import algorithm
 from algos.run import control as run_control
 from algos.run import setup as run_setup
 from algos.run.checkpointing import RunCheckpoints, changed_settings
@@ -62,11 +63,15 @@ class TrainingStopped(RuntimeError):
 
 
 def make_weighting(config: Config) -> SFTWeighting:
-    """The SFT weighting rule of ``config.run.algo``: NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft)
-    or RED. grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.expert_groups`)."""
-    if config.run.algo in ("grpo", "grpo_expert", "ppo", "archer"):
+    """The SFT weighting rule of ``config.run.algo``'s registry entry (`algos.registry.Algorithm.sft_weighting`):
+    NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft), RED (red_grpo), or the entry's own function.
+    grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.expert_groups`)."""
+    rule = algorithm(config.run.algo).sft_weighting
+    if callable(rule):
+        return rule(config)
+    if rule == "none":
         return NoSFT()
-    if config.run.algo in ("grpo_sft", "sft"):
+    if rule == "fixed":
         return FixedSFT()
     return RED(
         max_factor=config.sft.red_max_factor, decay=config.sft.red_decay, use_accuracy=config.sft.red_use_accuracy
@@ -438,7 +443,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self.threads.recheck()
                 start = time.perf_counter()
                 self.set_lr()
-                metrics = self.sft_step() if cfg.run.algo == "sft" else self.train_step()
+                metrics = self.sft_step() if algorithm(cfg.run.algo).step == "sft" else self.train_step()
                 self.update_average()
                 # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set
                 # the same lr); a rank that stopped alone would leave the others waiting in a collective

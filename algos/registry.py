@@ -1,0 +1,267 @@
+"""The algorithms a run can train, by name: one table that the entry points, the settings, the run, the model card
+and `benchmarks.compare` all read.
+
+An algorithm is its learner (the class that trains it), its SFT weighting rule, its settings class and defaults,
+and its label. The built-in ones are registered below; one from another package is a `register_algorithm` call, run
+when its module is imported, or an entry point of the ``redcoda.algorithms`` group naming an `Algorithm` (or a
+function that registers one), which is loaded the first time a name is looked up:
+
+    # my_algo.py                                 # pyproject.toml of the package holding it:
+    register_algorithm(Algorithm(                # [project.entry-points."redcoda.algorithms"]
+        "rloo", learner=RLOOTrainer,             # rloo = "my_algo:RLOO"
+        label="RLOO"))
+    python -m algos.train --algo rloo --preset tiny
+    python -m benchmarks.compare --algos rloo red_grpo --budget tiny
+
+Learners, settings classes and defaults may be named as ``"module:attribute"``, imported when first used, so that
+reading the table (a name check, a label) imports no trainer. Settings follow one rule (`Algorithm.defaults_for`):
+the command line over a ``--config`` file over the algorithm's defaults for the preset over its defaults over the
+preset over the dataclasses' own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Literal
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Algorithm",
+    "UnknownAlgorithm",
+    "algorithm",
+    "algorithm_names",
+    "register_algorithm",
+]
+
+ENTRY_POINT_GROUP = "redcoda.algorithms"
+"""The entry point group another package registers its algorithms under."""
+
+WEIGHTING_RULES = ("none", "fixed", "red")
+"""The SFT weighting rules an algorithm names: none (no SFT term), fixed (sft_coef), red (`algos.weighting.RED`)."""
+
+Ref = str | Any
+"""An object, or where to import it from as ``"module:attribute"``."""
+
+
+class UnknownAlgorithm(ValueError):
+    """A name no algorithm is registered under; the message lists the registered ones."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: what trains it, with which SFT term and settings, under which label.
+
+    Args:
+        name: Its name on the command line (``--algo``), in run names and in `benchmarks.compare` (a word of
+            lowercase letters, digits and underscores).
+        learner: The class that trains it: a `algos.run.training_run.TrainingRun` subclass built from a `Config`
+            (`algos.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
+        label: How the model card and reports name it ("GRPO + RED ...").
+        sft_weighting: The weight of the SFT term on oracle demonstrations each step: "none", "fixed" (sft_coef),
+            "red" (`algos.weighting.RED`), or a function of the `Config` that builds an `algos.weighting.SFTWeighting`.
+        config: The settings class its command line parses: `algos.config.Config` or a subclass with settings of
+            its own (read as ``config.gamma``), or ``"module:Class"``.
+        defaults: Its settings over every preset's, by flat name (``{"group_size": 1}``), or ``"module:NAME"``.
+        preset_defaults: Its settings over those defaults, by preset (``{"cpu": {"lr": 2e-6}}``), or ``"module:NAME"``.
+        step: "rl" (rollouts and the learner's `train_step`) or "sft" (its `sft_step`: demonstrations only).
+        groups: Its advantages compare a question's episodes, so a group needs at least 2 (``--group-size``).
+        single_process: Why it cannot run data-parallel under torchrun; None: it can.
+        refuses: Settings it cannot honour, by flat name, each with why: any value but the dataclass default is
+            refused in one line when the command line is parsed.
+        module: The module of its own entry point (``python -m algos.red_grpo``); None: ``python -m algos.train
+            --algo NAME``.
+    """
+
+    name: str
+    learner: Ref
+    label: str = ""
+    sft_weighting: Literal["none", "fixed", "red"] | Callable[[Any], Any] = "none"
+    config: Ref = "algos.config:Config"
+    defaults: Mapping[str, object] | str = field(default_factory=dict)
+    preset_defaults: Mapping[str, Mapping[str, object]] | str = field(default_factory=dict)
+    step: Literal["rl", "sft"] = "rl"
+    groups: bool = True
+    single_process: str | None = None
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    module: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.islower() or c.isdigit() or c == "_" for c in self.name):
+            raise ValueError(f"an algorithm's name is lowercase letters, digits and _, got {self.name!r}")
+        if isinstance(self.sft_weighting, str) and self.sft_weighting not in WEIGHTING_RULES:
+            raise ValueError(
+                f"algorithm {self.name!r}: sft_weighting must be one of {', '.join(WEIGHTING_RULES)} or a function "
+                f"of the config, got {self.sft_weighting!r}"
+            )
+        if self.step not in ("rl", "sft"):
+            raise ValueError(f"algorithm {self.name!r}: step must be 'rl' or 'sft', got {self.step!r}")
+
+    @property
+    def title(self) -> str:
+        """Its label, or its name where it has none."""
+        return self.label or self.name
+
+    def learner_class(self) -> type:
+        """The learner class (imported on first use when named as a string)."""
+        return _resolve(self.learner, f"algorithm {self.name!r}: learner")
+
+    def config_class(self) -> type:
+        """Its settings class, `algos.config.Config` or a subclass (imported on first use when named as a string).
+
+        The registry imports neither the settings nor the learners (both read it): they are named, not typed, here.
+        """
+        return _resolve(self.config, f"algorithm {self.name!r}: config")
+
+    def defaults_for(self, preset: str) -> dict[str, object]:
+        """Its settings over `preset`'s, by flat name: its defaults, then its defaults for that preset.
+
+        This is the one precedence rule of every entry point (`algos.run.cli.parse_config` applies it): the
+        dataclasses' defaults < the preset < these < a ``--config`` file < the command line's flags.
+        """
+        defaults = dict(_resolve(self.defaults, f"algorithm {self.name!r}: defaults"))
+        by_preset = _resolve(self.preset_defaults, f"algorithm {self.name!r}: preset_defaults")
+        return {**defaults, **by_preset.get(preset, {})}
+
+    def command(self) -> list[str]:
+        """The arguments after ``python`` that start its entry point: ``-m algos.red_grpo``."""
+        if self.module is not None:
+            return ["-m", self.module]
+        return ["-m", "algos.train", "--algo", self.name]
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+_LOCK = threading.Lock()
+_LOADED_ENTRY_POINTS = False
+
+
+def register_algorithm(algo: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Add `algo` to the table under its name (and return it).
+
+    Raises:
+        ValueError: the name is taken (by another algorithm; `replace` allows it).
+    """
+    with _LOCK:
+        held = _REGISTRY.get(algo.name)
+        if held is not None and held != algo and not replace:
+            raise ValueError(f"an algorithm named {algo.name!r} is already registered (pass replace=True to replace)")
+        _REGISTRY[algo.name] = algo
+    return algo
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm registered under `name`, loading other packages' entry points on the first unknown name.
+
+    Raises:
+        UnknownAlgorithm: no algorithm has that name; the message lists those that do.
+    """
+    if name not in _REGISTRY:
+        _load_entry_points()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownAlgorithm(f"unknown algorithm {name!r}; registered: {', '.join(algorithm_names())}") from None
+
+
+def algorithm_names() -> list[str]:
+    """The registered names, the built-in ones first, in registration order."""
+    _load_entry_points()
+    return list(_REGISTRY)
+
+
+def _load_entry_points() -> None:
+    """Register what the installed packages' ``redcoda.algorithms`` entry points name (once a process).
+
+    An entry point names an `Algorithm` (registered under its own name) or a function that registers one or more;
+    one that fails to load is an error naming it, not a silently missing algorithm.
+    """
+    global _LOADED_ENTRY_POINTS
+    if _LOADED_ENTRY_POINTS:
+        return
+    _LOADED_ENTRY_POINTS = True
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = point.load()
+        except Exception as err:
+            raise ImportError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {err}") from err
+        if isinstance(target, Algorithm):
+            register_algorithm(target)
+        elif callable(target):
+            target()
+        else:
+            raise TypeError(
+                f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}) names neither an Algorithm nor a "
+                f"function that registers one, but a {type(target).__name__}"
+            )
+
+
+def _resolve(ref: Ref, what: str) -> Any:
+    """`ref`, or the object ``"module:attribute"`` names."""
+    if not isinstance(ref, str):
+        return ref
+    module, colon, attribute = ref.partition(":")
+    if not colon:
+        raise ValueError(f"{what}: {ref!r} is not 'module:attribute'")
+    target: Any = importlib.import_module(module)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+# --- the built-in algorithms --------------------------------------------------------------------------------------
+_TRAINER = "algos.trainer:Trainer"
+
+for _builtin in (
+    Algorithm("grpo", _TRAINER, "GRPO", module="algos.grpo"),
+    Algorithm("grpo_sft", _TRAINER, "GRPO + fixed SFT", sft_weighting="fixed", module="algos.grpo_sft"),
+    Algorithm(
+        "red_grpo",
+        _TRAINER,
+        "GRPO + RED (RED-inspired dynamic SFT weighting)",
+        sft_weighting="red",
+        module="algos.red_grpo",
+    ),
+    Algorithm(
+        "grpo_expert",
+        "algos.expert_groups:ExpertTrainer",
+        "GRPO with oracle episodes inside its groups",
+        config="algos.expert_groups:ExpertConfig",
+        module="algos.grpo_expert",
+    ),
+    Algorithm(
+        "sft",
+        _TRAINER,
+        "SFT on oracle demonstrations",
+        sft_weighting="fixed",
+        preset_defaults="algos.sft:SFT_PRESETS",
+        step="sft",
+        groups=False,
+        module="algos.sft",
+    ),
+    Algorithm(
+        "ppo",
+        "algos.ppo:PPOTrainer",
+        "PPO",
+        config="algos.ppo:PPOConfig",
+        defaults="algos.ppo:PPO_DEFAULTS",
+        preset_defaults="algos.ppo:PPO_PRESETS",
+        groups=False,
+        refuses={"tis_cap": "PPO's clipped objective takes no truncated importance weights"},
+        module="algos.ppo",
+    ),
+    Algorithm(
+        "archer",
+        "algos.archer:ArCHerTrainer",
+        "ArCHer",
+        config="algos.archer:ArCHerConfig",
+        defaults="algos.archer:ARCHER_DEFAULTS",
+        preset_defaults="algos.archer:ARCHER_PRESETS",
+        groups=False,
+        single_process="its critic and replay buffer would train on each rank's turns alone and drift apart",
+        module="algos.archer",
+    ),
+):
+    register_algorithm(_builtin)
