@@ -14,12 +14,14 @@ Data order is a seeded permutation of the question indices, reshuffled each epoc
 part of `state_dict()`, so a resumed run sees exactly the questions an uninterrupted run would.
 
     collector = RolloutCollector(lambda: gym.make("RedCoda-HotpotQA-v0"), agent, questions_per_batch=4, group_size=2)
-    for batch in collector:          # TensorDict of generations; collector.last_trajectories are its records
+    for batch in collector:          # TensorDict of generations, TorchRL's LLM keys included
         replay_buffer.extend(batch)  # e.g. ReplayBuffer(storage=LazyTensorStorage(...)) for equal-length batches
         ...
         collector.update_policy_weights_(policy)
 
-`collect()` plays one batch and returns its trajectories (records, not tensors) without collating them.
+`collect()` plays one batch and returns its trajectories (records, not tensors) without collating them; `batch_of`
+makes the TensorDict iteration yields of them. The trainers call these two (records and tensors of one batch, collated
+once): docs/method.md, "TorchRL", says why.
 """
 
 from __future__ import annotations
@@ -100,7 +102,6 @@ class RolloutCollector(BaseCollector):
         if len(self.indices) == 0:
             raise ValueError("no questions to collect on")
         self.set_seed(seed)
-        self.last_trajectories: list[Trajectory] = []
         self.batch_questions: int | None = None
         """Questions in each batch that iteration yields from here on, at most ``questions_per_batch`` (a trainer's
         smaller probe batch); None: ``questions_per_batch``."""
@@ -154,25 +155,28 @@ class RolloutCollector(BaseCollector):
         else:
             trajectories = self.agent.rollout(envs, indices, group_ids, seed=seed)
         self.batches_done += 1
-        self.last_trajectories = trajectories
         return trajectories
 
-    def iterator(self) -> Iterator[TensorDictBase]:
-        """Yield one collated batch per `collect()` until `total_batches`: `agents.collate.collate_trajectories`'s
-        keys and TorchRL's LLM keys beside them (`agents.torchrl_layout.add_torchrl_keys`); `last_trajectories` are
-        its records. ``batch_questions`` is read before each batch is played.
-
-        Iterate the collector itself (``for batch in collector``): TorchRL's `BaseCollector.__iter__` wraps this
-        (it shuts the collector down if a batch fails).
-        """
+    def batch_of(self, trajectories: Sequence[Trajectory]) -> TensorDictBase:
+        """The TensorDict of `trajectories` that iteration yields: `agents.collate.collate_trajectories`'s keys
+        (padded with the sampler's pad token) and TorchRL's LLM keys beside them (`agents.torchrl_layout`)."""
         from agents.collate import collate_trajectories
         from agents.torchrl_layout import add_torchrl_keys
 
         pad = getattr(getattr(getattr(self.agent, "sampler", None), "tokenizer", None), "pad_token_id", 0) or 0
+        return add_torchrl_keys(collate_trajectories(trajectories, pad_token_id=pad))
+
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """Yield `batch_of` one `collect()` at a time until `total_batches`; ``batch_questions`` is read before each
+        batch is played. The records stay with whoever called `collect()`: a TensorDict is what TorchRL passes on.
+
+        Iterate the collector itself (``for batch in collector``): TorchRL's `BaseCollector.__iter__` wraps this
+        (it shuts the collector down if a batch fails).
+        """
         while self.total_batches < 0 or self.batches_done < self.total_batches:
             if self._pre_collect_hook is not None:
                 self._pre_collect_hook()
-            batch = add_torchrl_keys(collate_trajectories(self.collect(self.batch_questions), pad_token_id=pad))
+            batch = self.batch_of(self.collect(self.batch_questions))
             if self._post_collect_hook is not None:
                 self._post_collect_hook(batch)
             yield batch

@@ -2,8 +2,8 @@
 
 The three algorithms differ only in the SFT weighting rule (`algos.weighting`: NoSFT, FixedSFT, RED); one step:
 
-    batch = next(batches)                                       # batches = iter(collector): (N, T) contexts, ...
-    trajectories = collector.last_trajectories                  # their records: G episodes for each of B questions
+    trajectories = collector.collect()                          # records: G episodes for each of B questions
+    batch = collate_trajectories(trajectories)                  # (N, T) contexts, (N, T-1) token tensors, once
     batch["adv"] = group_advantages(rewards, group_id)[episode] # (N,): the episode's, for each of its contexts
     w = rule.weight(rl_entropy=entropy_estimate(old_logp, mask), batch_accuracy=answer_accuracy(trajectories))
     loss = loss_pg + loss_kl + w * sft_coef * loss_sft          # token means over the RL batch and the demos
@@ -15,7 +15,7 @@ The three algorithms differ only in the SFT weighting rule (`algos.weighting`: N
 is `algos.step_metrics`, the forward passes `algos.scoring`. Everything around the step (setup, resume, checkpoints,
 metrics.jsonl, wandb, the final model, the evaluation, the command line) is `algos.run`. Under ``torchrun`` each rank
 runs this step on its share of the batch (`algos.distributed`): the lines that make it one process's step say "data
-parallel", those for a sharded policy "--fsdp". The batch carries TorchRL's LLM keys (docs/method.md, "TorchRL").
+parallel", those for a sharded policy "--fsdp". What of TorchRL the step uses: docs/method.md, "TorchRL".
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,6 @@ from tensordict import TensorDict
 
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import Trajectory
-from agents.torchrl_layout import add_torchrl_keys
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
 from algos.dynamic_sampling import signal_groups, signal_rows
@@ -91,18 +90,6 @@ class Trainer(TrainingRun):
         weighting: The SFT weighting rule; None builds the one of ``config.run.algo``.
     """
 
-    _batches: Iterator[TensorDict] | None = None
-    _collected: tuple[list[Trajectory], TensorDict] | None = None
-
-    @property
-    def batches(self) -> Iterator[TensorDict]:
-        """The collector's TensorDict batches, one per step: one iteration over the collector for the whole run
-        (TorchRL's ``for batch in collector``); it reads the collector's state (data order, ``batch_questions``) anew
-        for every batch, so a resumed run goes on where its checkpoint stood."""
-        if self._batches is None:
-            self._batches = iter(self.collector)
-        return self._batches
-
     def train_step(self) -> dict[str, float]:
         """Collect one batch, update the model once (``update_epochs`` times for PPO); return the step's metrics."""
         return self.update(self.collect_rollouts())
@@ -134,8 +121,6 @@ class Trainer(TrainingRun):
             if cfg.rl.max_resample_batches:  # what dynamic sampling cost and kept
                 kept = len({t.group_id for t in gathered})
                 batch_metrics |= {"train/resample_batches": resampled, "train/groups_kept": kept}
-            add_torchrl_keys(batch)  # from the final old log-probs and advantages
-            self._collected = None
         self.last_step_tied = rewards_tied(gathered)
         sync()
         t_old_logp = time.perf_counter() - start
@@ -163,27 +148,20 @@ class Trainer(TrainingRun):
         advantage is not 0 (`algos.dynamic_sampling`); without it the first three are the one batch's."""
         rl = self.config.rl
         with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            self.collector.batch_questions = probe
-            collected = next(self.batches)  # data parallel: this rank's share of the step's groups
-        trajectories = self.collector.last_trajectories  # the records behind the batch
-        self._collected = (trajectories, collected)
+            trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
         gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
         if not rl.max_resample_batches:
             return trajectories, gathered, gathered, 0
         wanted, played, rounds = probe or rl.questions_per_step, list(trajectories), 0
         keep = signal_groups(played, rl.search_credit, rl.repeat_penalty)
         while len(keep) < wanted and rounds < rl.max_resample_batches:
-            with self.autocast():
-                self.collector.batch_questions = wanted - len(keep)  # only as many new questions as are missing
-                next(self.batches)
-            played += self.collector.last_trajectories
+            with self.autocast():  # only as many new questions as are missing
+                played += self.collector.collect(wanted - len(keep))
             keep, rounds = signal_groups(played, rl.search_credit, rl.repeat_penalty), rounds + 1
         if not keep:  # no group carries a signal: the first batch, all tied, as without dynamic sampling
             return trajectories, gathered, played, rounds
         chosen = set(keep[:wanted])
         kept = [t for t in played if t.group_id in chosen]
-        if rounds or len(kept) != len(trajectories):  # not the batch the collector yielded: collate anew
-            self._collected = None
         return kept, kept, played, rounds
 
     def update(self, rollouts: Rollouts) -> dict[str, float]:
@@ -271,10 +249,7 @@ class Trainer(TrainingRun):
         return batch, metrics
 
     def collate(self, trajectories: Sequence[Trajectory]) -> TensorDict:
-        """The padded batch of `trajectories`: the collector's, when they are the records of the batch it yielded this
-        step, else collated here (`agents.collate.collate_trajectories`)."""
-        if self._collected is not None and trajectories is self._collected[0]:
-            return self._collected[1]
+        """The padded batch of `trajectories` (`agents.collate.collate_trajectories`): the step's one collation."""
         return collate_trajectories(trajectories, pad_token_id=self.pad_id)
 
     def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:

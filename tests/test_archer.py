@@ -56,8 +56,9 @@ def test_runs_end_to_end_and_resumes(tmp_path):
 def test_critic_learns_a_fixed_batch_and_its_target_refreshes_every_n_updates(tmp_path):
     trainer = _trainer(tmp_path, "critic", target_update_every=5, critic_lr=1e-2)
     try:
-        turns, places = trainer.encode_turns(trainer.collector.collect())
-        assert len(places) == len(turns) and float(turns["done"].sum()) == len(trainer.collector.last_trajectories)
+        episodes = trainer.collector.collect()
+        turns, places = trainer.encode_turns(episodes)
+        assert len(places) == len(turns) and float(turns["done"].sum()) == len(episodes)
         assert turns["reward"][turns["done"] == 0].abs().sum() == 0
         trainer.replay.push(turns)
         sample = trainer.replay.sample(16)

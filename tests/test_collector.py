@@ -57,11 +57,12 @@ def test_batches_are_tensordicts_of_groups(bm25, tokenizer):
         assert batch["episode_id"].tolist() == list(range(6))
         # the oracle plays a question the same way every time: a group's rewards tie
         assert torch.all(batch["reward"][0::2] == batch["reward"][1::2])
-    last = batches[-1]  # its trained-on tokens are exactly the oracle's actions
-    for row, trajectory in enumerate(collector.last_trajectories):
-        assert [trajectory.example_index] * 2 == [
-            t.example_index for t in collector.last_trajectories[row // 2 * 2 :][:2]
-        ]
+    collector.total_batches = 3
+    trajectories = collector.collect()  # the records, and the batch iteration would have yielded of them
+    last = collector.batch_of(trajectories)  # its trained-on tokens are exactly the oracle's actions
+    assert last["group_id"].tolist() == [3 * 2 + g for g in range(3) for _ in range(2)]
+    for row, trajectory in enumerate(trajectories):
+        assert [trajectory.example_index] * 2 == [t.example_index for t in trajectories[row // 2 * 2 :][:2]]
         ids = last["input_ids"][row, 1:][last["loss_mask"][row]].tolist()
         assert tokenizer.decode(ids) == "".join(trajectory.actions)
         # TorchRL's layout (agents.torchrl_layout): unshifted, its assistant mask picks the same tokens
@@ -71,8 +72,8 @@ def test_batches_are_tensordicts_of_groups(bm25, tokenizer):
 
 def test_coda_batches_hold_every_context_with_its_role(bm25, tokenizer):
     collector = RolloutCollector(env_fn(bm25, "coda"), OracleAgent(tokenizer), questions_per_batch=2, group_size=2)
-    batch = next(iter(collector))
-    trajectories = collector.last_trajectories
+    trajectories = collector.collect()
+    batch = collector.batch_of(trajectories)
     assert batch.batch_size[0] == sum(len(t.generations) for t in trajectories) > len(trajectories)
     roles = [ROLES[i] for i in batch["role_id"].tolist()]
     assert roles == [g.role for t in trajectories for g in t.generations]
@@ -116,8 +117,8 @@ def test_tiny_model_batches_record_sampling_logprobs(bm25):
     agent = SearchR1Agent(HFSampler(model, tokenizer), SamplingParams(max_new_tokens=8, temperature=1.0))
     make_env = lambda: gym.make("RedCoda-HotpotQA-v0", split="dev", retriever=bm25, max_turns=2)
     collector = RolloutCollector(make_env, agent, questions_per_batch=2, group_size=2, total_batches=1, seed=1)
-    (batch,) = list(collector)
-    trajectories = collector.last_trajectories
+    trajectories = collector.collect()
+    batch = collector.batch_of(trajectories)
     mask = batch["loss_mask"]
     assert int(mask.sum()) == sum(g.num_sampled for t in trajectories for g in t.generations) > 0
     assert torch.all(batch["old_logp"][mask] < 0) and torch.all(batch["old_logp"][~mask] == 0)

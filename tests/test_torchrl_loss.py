@@ -1,8 +1,8 @@
 """TorchRL's own ``GRPOLoss`` on our RL batch (a tiny model's real rollout) against our loss (`algos.losses`).
 
-The trainer's batch carries TorchRL's LLM keys beside ours (`agents.torchrl_layout`), so TorchRL's ``GRPOLoss``
-(``masking_strategy="rlhf"``, actor a ``TransformersWrapper`` around the policy in ``input_mode="tokens"``, no
-entropy bonus) reads it directly. Where the two definitions agree, the numbers agree:
+A trainer's batch takes TorchRL's LLM keys beside ours (`agents.torchrl_layout.add_torchrl_keys`), so TorchRL's
+``GRPOLoss`` (``masking_strategy="rlhf"``, actor a ``TransformersWrapper`` around the policy in
+``input_mode="tokens"``, no entropy bonus) reads it directly. Where the two definitions agree, the numbers agree:
 
 - clipping: the same. TorchRL clamps the log-ratio to ``[log(1 - eps_low), log(1 + eps_high)]`` and takes the
   smaller gain; we take the larger of ``-A r`` and ``-A clip(r)``: one objective, so ``loss_objective`` equals our
@@ -58,6 +58,7 @@ def step(tmp_path_factory):
     finally:
         trainer.close()
     batch = rollouts.batch
+    assert "tokens" not in batch.keys()  # TorchRL's keys are an export: the step reads ours only
     episodes = rollouts.episodes
     rewards = torch.arange(len(episodes), dtype=torch.float32) ** 2  # (B,)
     adv = group_advantages(rewards, torch.tensor([t.group_id for t in episodes]))  # (B,)
@@ -77,9 +78,9 @@ def _grpo_loss(policy, tokenizer, **kwargs) -> GRPOLoss:
     return GRPOLoss(actor, clip_epsilon=CLIP, masking_strategy="rlhf", entropy_bonus=False, **kwargs)
 
 
-def test_the_trainer_iterates_its_collector_and_its_batch_carries_torchrl_keys(step):
+def test_a_trainer_batch_takes_torchrl_keys(step):
     trainer, batch, _, _ = step
-    assert trainer.collector.batches_done == 1 and trainer._batches is not None  # one next() on iter(collector)
+    assert trainer.collector.batches_done == 1  # one collect() for the step
     n, width = batch["input_ids"].shape
     assert batch["tokens", "full"] is batch["input_ids"]
     assert torch.equal(batch["masks", "all_attention_mask"], batch["attention_mask"].bool())

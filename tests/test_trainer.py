@@ -221,7 +221,7 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
         with pytest.raises(TrainingStopped, match=r"step 1: (\d+) of \1 searches failed \(100%.*ConnectError"):
             trainer.train_step()
         assert all(torch.equal(before[name], value) for name, value in _params(trainer).items())  # no update
-        infos = [t.info for t in trainer.collector.last_trajectories]
+        infos = [t.info for t in trainer.collector.collect()]  # the next batch meets the dead server too
         assert all(i["num_searches"] == 0 and i["retrieval_errors"] > 0 for i in infos)
         trainer.config = trainer.config.with_values(max_retrieval_error_rate=1.0)  # never stop
         errors, rate = episode_checks.check_retrieval(infos, 1, trainer.config)

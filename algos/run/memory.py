@@ -102,8 +102,9 @@ class Estimate:
 
 ROLLOUT_BYTES_PER_TOKEN = 64
 """Host bytes a step's rollouts hold per context token, at most: the collated batch's ids, attention and loss masks,
-old log-probs and weights (about 25), TorchRL's keys beside them (about 10 more: `agents.torchrl_layout`) and the
-trajectory records they come from (tuples of Python ints and floats)."""
+old log-probs and weights (about 25), TorchRL's keys where a batch is handed to TorchRL (about 10 more:
+`agents.torchrl_layout`; the training step no longer writes them, so this is a bound with room) and the trajectory
+records they come from (tuples of Python ints and floats)."""
 
 
 EPISODE_BYTES = 32 * 1024
