@@ -35,6 +35,7 @@ __all__ = [
     "entropy_estimate",
     "group_advantages",
     "kl_penalty",
+    "kl_per_token",
     "masked_mean",
     "policy_loss",
     "sampler_mismatch",
@@ -234,6 +235,33 @@ def tis_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
     return torch.where(keep, d.exp().clamp(max=cap), torch.zeros(())).detach()
 
 
+def kl_per_token(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
+    """A sampled estimate of KL(current || reference) at each masked token (Schulman's estimators).
+
+    With ``d = ref_logp - logp`` on tokens sampled from the current policy: k1 ``= -d`` (unbiased, high variance,
+    can be negative), k2 ``= d**2 / 2``, k3 ``= exp(d) - d - 1`` (unbiased, always >= 0; the GRPO paper's choice).
+    `kl_penalty` is its masked token mean (a loss term); PPO puts it into its per-token rewards.
+
+    Args:
+        logp: Current log-probs ``(N, L)``, differentiable (or the sampling policy's, as PPO's rewards use it).
+        ref_logp: Reference-model log-probs ``(N, L)``; treated as constants.
+        mask: ``(N, L)``, nonzero on tokens the estimate is for.
+        kind: Which estimator.
+
+    Returns:
+        ``(N, L)``, 0 off the mask (where ``d`` is set to 0 before the estimator, so garbage there never leaks).
+    """
+    keep = mask.bool()
+    d = torch.where(keep, ref_logp.detach() - logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d.square()
+    if kind == "k3":
+        return d.exp() - d - 1.0
+    raise ValueError(f"kind must be 'k1', 'k2' or 'k3', got {kind!r}")
+
+
 def kl_penalty(
     logp: Tensor,
     ref_logp: Tensor,
@@ -241,33 +269,19 @@ def kl_penalty(
     kind: Literal["k1", "k2", "k3"] = "k3",
     num_tokens: float | Tensor | None = None,
 ) -> Tensor:
-    """Masked token mean of a sampled estimate of KL(current || reference).
-
-    With ``d = ref_logp - logp`` on tokens sampled from the current policy (Schulman's estimators):
-    k1 ``= -d`` (unbiased, high variance, can be negative), k2 ``= d**2 / 2``, k3 ``= exp(d) - d - 1``
-    (unbiased, always >= 0; the GRPO paper's choice).
+    """Masked token mean of a sampled estimate of KL(current || reference) (`kl_per_token`'s estimators).
 
     Args:
         logp: Current log-probs ``(N, L)``, differentiable.
         ref_logp: Reference-model log-probs ``(N, L)``; treated as constants.
         mask: ``(N, L)``, nonzero on tokens the penalty sees.
-        kind: Which estimator.
+        kind: Which estimator: k1, k2 or k3 (`kl_per_token`).
         num_tokens: Divisor instead of ``mask.sum()`` (see `masked_mean`).
 
     Returns:
         A scalar tensor (multiply by a coefficient and store it as ``loss_kl``).
     """
-    keep = mask.bool()
-    d = torch.where(keep, ref_logp.detach() - logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
-    if kind == "k1":
-        per_token = -d
-    elif kind == "k2":
-        per_token = 0.5 * d.square()
-    elif kind == "k3":
-        per_token = d.exp() - d - 1.0
-    else:
-        raise ValueError(f"kind must be 'k1', 'k2' or 'k3', got {kind!r}")
-    return masked_mean(per_token, mask, num_tokens)
+    return masked_mean(kl_per_token(logp, ref_logp, mask, kind), mask, num_tokens)
 
 
 def sft_loss(logp: Tensor, mask: Tensor, num_tokens: float | Tensor | None = None) -> Tensor:

@@ -34,7 +34,7 @@ from agents.collate import collate_trajectories
 from algos import distributed
 from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config
-from algos.losses import policy_loss
+from algos.losses import kl_per_token, policy_loss
 from algos.run.launch import main as train
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
@@ -144,7 +144,8 @@ class PPOTrainer(Trainer):
       over the concatenation of its generations' sampled tokens, each generation's last token bootstrapping from
       the next generation's first (`algos.value.episode_gae`). Env observations are not steps.
     - KL to the frozen initial model (``--kl-coef`` > 0) is a per-token reward penalty (InstructGPT, TRL), with
-      ``--kl-estimator`` k1 (``old_logp - ref_logp``) or k3 (``exp(ref - old) - (ref - old) - 1``); not a loss term.
+      ``--kl-estimator`` k1 (``old_logp - ref_logp``), k2 or k3 (``exp(ref - old) - (ref - old) - 1``) at the
+      sampled tokens: the GRPO family's ``loss_kl`` estimators (`algos.losses.kl_per_token`); not a loss term.
     - GRPO's groups are not needed (the value head is the baseline): the entry point defaults to group_size 1.
     - Data parallel (torchrun): each rank runs GAE on its own episodes (an episode never spans ranks) and the
       whitening's mean and std are the global batch's (one all-reduce of count, sum and sum of squares), so N ranks
@@ -204,12 +205,9 @@ class PPOTrainer(Trainer):
                     ref_logp[index, : ref.shape[1]] = ref.float().cpu()
         if cfg.recompute_old_logp:
             batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
-        kl = None
+        kl = None  # (N, T-1): KL(sampling policy || reference) at the sampled tokens
         if ref_logp is not None:
-            d = ref_logp - batch["old_logp"]  # (N, T-1), log(ref / old) at the sampled tokens
-            kl = (
-                -d if cfg.rl.kl_estimator == "k1" else (d.exp() - d - 1 if cfg.rl.kl_estimator == "k3" else 0.5 * d * d)
-            )
+            kl = kl_per_token(batch["old_logp"], ref_logp, mask, cfg.rl.kl_estimator)
         rewards_t = token_rewards(rewards, mask, batch["episode_id"], kl, cfg.rl.kl_coef)  # (N, T-1)
         adv, returns = episode_gae(rewards_t, old_values, mask, batch["episode_id"], cfg.gamma, cfg.gae_lambda)
         raw_adv = adv

@@ -14,6 +14,7 @@ from algos.losses import (
     entropy_estimate,
     group_advantages,
     kl_penalty,
+    kl_per_token,
     masked_mean,
     policy_loss,
     sampler_mismatch,
@@ -196,6 +197,24 @@ def test_kl_penalty_estimators_by_hand():
     assert kl_penalty(ref_logp.clone(), ref_logp, mask).item() == 0.0
     with pytest.raises(ValueError):
         kl_penalty(logp, ref_logp, mask, kind="k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_penalty_is_the_token_mean_of_kl_per_token(kind):
+    gen = torch.Generator().manual_seed(3)
+    logp = -torch.rand(3, 6, generator=gen) * 4  # (N, L)
+    ref_logp = logp + 0.3 * torch.randn(3, 6, generator=gen)  # (N, L)
+    ref_logp[0, 0] = -torch.inf  # garbage off the mask never leaks
+    mask = torch.rand(3, 6, generator=gen) > 0.3
+    mask[0, 0] = False
+    per_token = kl_per_token(logp, ref_logp, mask, kind)  # (N, L)
+    assert per_token[~mask].eq(0).all()
+    assert torch.equal(kl_penalty(logp, ref_logp, mask, kind), masked_mean(per_token, mask))
+    assert torch.equal(kl_penalty(logp, ref_logp, mask, kind, num_tokens=40), masked_mean(per_token, mask, 40))
+    # PPO's reward penalty at the sampling policy's log-probs: the estimators as PPO wrote them out
+    d = ref_logp - logp
+    by_hand = {"k1": -d, "k2": 0.5 * d * d, "k3": d.exp() - d - 1}[kind]
+    assert torch.equal(per_token[mask], by_hand[mask])
 
 
 def test_sft_loss_matches_cross_entropy():
