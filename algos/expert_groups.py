@@ -24,13 +24,13 @@ from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos import distributed
 from algos.config import Config
-from algos.losses import entropy_estimate, group_advantages, kl_penalty, policy_loss, tree_advantages
+from algos.losses import entropy_estimate, policy_loss
 from algos.off_policy import shaped_expert_loss
 from algos.run import setup as run_setup
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied
-from algos.trainer import Trainer
+from algos.trainer import Trainer, episode_advantages
 
 __all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer"]
 
@@ -241,15 +241,8 @@ class ExpertTrainer(Trainer):
         episodes = [*trajectories, *experts]
         is_expert = torch.tensor([False] * len(trajectories) + [True] * len(experts))  # (B,)
         rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
-        group_id = torch.tensor([t.group_id for t in episodes], dtype=torch.long)  # (B,)
-        if trajectories and all(t.tree_id is not None for t in trajectories):  # --rollout tree
-            # an expert is a tree of its own (-1, -2, ...): its within-tree term is 0, its within-group term counts
-            tree_id = torch.tensor(
-                [t.tree_id for t in trajectories] + [-1 - k for k in range(len(experts))], dtype=torch.long
-            )  # (B,)
-            adv = tree_advantages(rewards, group_id, tree_id, scale=cfg.rl.advantage_std_scale)  # (B,)
-        else:
-            adv = group_advantages(rewards, group_id, scale=cfg.rl.advantage_std_scale)  # (B,)
+        # --rollout tree: an expert is a tree of its own, its within-tree term 0 and its within-group term counted
+        adv = episode_advantages(episodes, scale=cfg.rl.advantage_std_scale)  # (B,)
         batch = collate_trajectories(episodes, pad_token_id=self.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
@@ -337,12 +330,9 @@ class ExpertTrainer(Trainer):
         terms["expert_tokens"] = torch.tensor(expert_share)
         terms["expert_shaped_ratio"] = shaped["shaped_ratio"] * expert_share
         terms["expert_prob"] = shaped["prob"] * expert_share
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
-            terms["loss_kl"] = cfg.rl.kl_coef * kl_penalty(
-                logp, ref_logp, sampled, cfg.rl.kl_estimator, num_tokens=num_tokens
-            )
+        loss_kl = self.kl_loss(part, logp, sampled, num_tokens)  # the sampled tokens only
+        if loss_kl is not None:
+            terms["loss_kl"] = loss_kl
         return terms
 
     def accumulate_gradients(

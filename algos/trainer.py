@@ -48,7 +48,7 @@ from algos.search_credit import token_advantages
 from algos.sft_data import sample_indices
 from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "episode_advantages"]
 
 
 class Trainer(TrainingRun):
@@ -56,7 +56,7 @@ class Trainer(TrainingRun):
 
     Details a reader may need:
 
-    - Advantages are group-normalized episode rewards (`group_advantages`), broadcast to every generation of the
+    - Advantages are group-normalized episode rewards (`episode_advantages`), broadcast to every generation of the
       episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO); ``search_credit`` adds each
       search turn's own credit on that turn's tokens (`algos.search_credit`), ``max_resample_batches`` replaces tied
       groups before the update (`_play`, `algos.dynamic_sampling`), and ``pg_token_norm=signal`` divides the RL terms
@@ -230,13 +230,7 @@ class Trainer(TrainingRun):
 
         Runs before the update; sets ``adv`` per generation ``(N,)`` or per token ``(N, T-1)``.
         """
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)  # (B,)
-        if trajectories and all(t.tree_id is not None for t in trajectories):  # --rollout tree
-            tree_id = torch.tensor([t.tree_id for t in trajectories], dtype=torch.long)  # (B,)
-            adv = tree_advantages(rewards, group_id, tree_id, scale=self.config.rl.advantage_std_scale)  # (B,)
-        else:
-            adv = group_advantages(rewards, group_id, scale=self.config.rl.advantage_std_scale)  # (B,)
+        adv = episode_advantages(trajectories, scale=self.config.rl.advantage_std_scale)  # (B,)
         batch = self.collate(trajectories)
         rl = self.config.rl
         if rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
@@ -262,11 +256,29 @@ class Trainer(TrainingRun):
         terms = policy_loss(
             logp, part["old_logp"], part["adv"], mask, *clip, num_tokens=num_tokens, is_weight=is_weight
         )
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, part, temperature=rl.temperature)
-            terms["loss_kl"] = rl.kl_coef * kl_penalty(logp, ref_logp, mask, rl.kl_estimator, num_tokens=num_tokens)
+        loss_kl = self.kl_loss(part, logp, mask, num_tokens)
+        if loss_kl is not None:
+            terms["loss_kl"] = loss_kl
         return terms
+
+    def kl_loss(
+        self, part: TensorDict, logp: torch.Tensor, mask: torch.Tensor, num_tokens: float
+    ) -> torch.Tensor | None:
+        """``kl_coef * kl_penalty`` of a micro-batch to the frozen reference model over `mask`'s tokens (the
+        ``loss_kl`` term), under the run's ``kl_estimator``; None when the run has no reference (``kl_coef`` 0).
+
+        Args:
+            part: The micro-batch, on the model's device; the reference scores its tokens (no grad).
+            logp: The policy's log-probs of its tokens ``(n, L-1)``, differentiable.
+            mask: ``(n, L-1)``, the tokens the term sees (sampled from the policy: the estimators assume it).
+            num_tokens: The token-mean divisor (`algos.losses.masked_mean`).
+        """
+        if self.ref_model is None:
+            return None
+        rl = self.config.rl
+        with torch.no_grad():
+            ref_logp, _ = self._logprobs(self.ref_model, part, temperature=rl.temperature)
+        return rl.kl_coef * kl_penalty(logp, ref_logp, mask, rl.kl_estimator, num_tokens=num_tokens)
 
     def sft_indices(self, step: int) -> Sequence[int]:
         """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
@@ -418,6 +430,27 @@ class Trainer(TrainingRun):
             raise ValueError(
                 f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.run.algo} lacks"
             )
+
+
+def episode_advantages(episodes: Sequence[Trajectory], scale: bool = True) -> torch.Tensor:
+    """Each episode's advantage ``(B,)``: its reward normalized within its question's group (`group_advantages`),
+    and under tree rollouts within its tree too (`tree_advantages`).
+
+    Tree rollouts are told by the episodes' ``tree_id`` (``--rollout tree`` sets one on every sampled episode); an
+    episode without one among them (an expert member, `algos.expert_groups`) is a tree of its own (ids -1, -2, ...
+    in order), so its within-tree term is 0 and its within-group term counts.
+
+    Args:
+        episodes: The batch's episodes, each with its ``reward`` and ``group_id``.
+        scale: Divide by the group's (and tree's) std, GRPO's ``advantage_std_scale``; False only centres.
+    """
+    rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
+    group_id = torch.tensor([t.group_id for t in episodes], dtype=torch.long)  # (B,)
+    if not any(t.tree_id is not None for t in episodes):
+        return group_advantages(rewards, group_id, scale=scale)
+    own = iter(range(-1, -len(episodes) - 1, -1))  # the trees of their own, -1, -2, ...
+    tree_id = torch.tensor([next(own) if t.tree_id is None else t.tree_id for t in episodes], dtype=torch.long)
+    return tree_advantages(rewards, group_id, tree_id, scale=scale)
 
 
 def _norm(tensors: Sequence[torch.Tensor]) -> float:
