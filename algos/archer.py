@@ -322,8 +322,8 @@ class ArCHerTrainer(Trainer):
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
         cfg = self.config
         batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
-        if cfg.recompute_old_logp:
-            self._old_logp(batch)
+        # old_logp=recompute: the training model's old log-probs, and how far the sampler's were (mismatch/*)
+        mismatch = self._old_logp(batch) if cfg.recompute_old_logp else {}
         turns, places = self.encode_turns(trajectories)
         self.replay.push(turns)
         critic_metrics: list[dict[str, float]] = [
@@ -345,6 +345,7 @@ class ArCHerTrainer(Trainer):
             "critic/replay_size": float(len(self.replay)),
             "critic/updates": float(self.critic_steps),
             "critic/target_updates": float(self.target_updates),
+            **mismatch,
         }
         for key in ("critic/loss_q", "critic/loss_v", "critic/q_mean"):
             metrics[key] = sum(m[key] for m in critic_metrics) / max(len(critic_metrics), 1)

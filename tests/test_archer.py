@@ -71,3 +71,17 @@ def test_critic_learns_a_fixed_batch_and_its_target_refreshes_every_n_updates(tm
         assert losses[-1] < 0.5 * losses[0], losses
     finally:
         trainer.close()
+
+
+def test_recomputed_old_logp_logs_the_sampler_mismatch_as_the_grpo_trainer_does(tmp_path):
+    trainer = _trainer(tmp_path, "mismatch", old_logp="recompute", tis_cap=2.0)
+    try:
+        trajectories = trainer.collector.collect()
+        batch, metrics = trainer.make_batch(trajectories)
+        keys = {"mismatch/logp_abs_diff", "mismatch/kl", "mismatch/missing"}
+        keys |= {"mismatch/tis_weight_mean", "mismatch/tis_capped_fraction"}
+        assert keys <= set(metrics), sorted(metrics)
+        assert metrics["mismatch/missing"] == 0.0 and metrics["mismatch/logp_abs_diff"] < 1e-3  # one model samples
+        assert "is_weight" in batch.keys()
+    finally:
+        trainer.close()
