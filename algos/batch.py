@@ -26,6 +26,7 @@ from agents.records import Trajectory
 
 __all__ = [
     "answer_accuracy",
+    "hidden_logprobs",
     "masked_head_matches",
     "masked_token_logprobs",
     "micro_batches",
@@ -182,12 +183,7 @@ def masked_token_logprobs(
         ``(logp, entropy)``: ``(n, L-1)`` float32, 0 off the mask; entropy likewise or None.
     """
     hidden = scored_hidden(model, input_ids, attention_mask, mask, context_grad=context_grad)  # (M, H)
-    logits = model.get_output_embeddings()(hidden).float()  # (M, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    target = input_ids[:, 1:][mask]  # (M,)
-    picked = -F.cross_entropy(logits, target, reduction="none")  # (M,)
-    logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
+    logp, logits = hidden_logprobs(model, hidden, input_ids, mask, temperature=temperature)  # (n, L-1), (M, V)
     entropy = None
     if with_entropy:
         with torch.no_grad():
@@ -195,6 +191,34 @@ def masked_token_logprobs(
             h = -(log_probs.exp() * log_probs).sum(-1)  # (M,)
             entropy = torch.zeros_like(logp).masked_scatter(mask, h)
     return logp, entropy
+
+
+def hidden_logprobs(
+    model: nn.Module, hidden: Tensor, input_ids: Tensor, mask: Tensor, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Log-probs of the tokens `mask` scores, from their hidden states: the LM head at those positions only.
+
+    Shared by `masked_token_logprobs` and `algos.value.logprobs_and_values` (which also runs its value head on
+    the same hidden states).
+
+    Args:
+        model: A Hugging Face causal LM with `get_output_embeddings()`.
+        hidden: ``(M, H)`` hidden states at the scored positions (`scored_hidden`).
+        input_ids: ``(n, L)`` ids.
+        mask: ``(n, L-1)`` bool, shifted (column t scores token t+1); M = ``mask.sum()``.
+        temperature: Divides the logits.
+
+    Returns:
+        ``(logp, logits)``: ``(n, L-1)`` float32, 0 off the mask; the ``(M, V)`` float32 logits (over the
+        temperature) they came from.
+    """
+    logits = model.get_output_embeddings()(hidden).float()  # (M, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = input_ids[:, 1:][mask]  # (M,)
+    picked = -F.cross_entropy(logits, target, reduction="none")  # (M,)
+    logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
+    return logp, logits
 
 
 def masked_head_matches(model: nn.Module, vocab_size: int, device: torch.device | str) -> bool:

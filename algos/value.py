@@ -21,10 +21,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from algos.batch import scored_hidden
+from algos.batch import hidden_logprobs, scored_hidden
 from algos.losses import masked_mean
 
 __all__ = [
@@ -73,7 +72,8 @@ def logprobs_and_values(
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the sampled tokens and their states' values, from one pass through the decoder.
 
-    The LM head and the value head run at the masked positions only (as `algos.batch.masked_token_logprobs`).
+    The LM head and the value head run at the masked positions only (`algos.batch.hidden_logprobs`, as
+    `algos.batch.masked_token_logprobs`).
 
     Args:
         model: A Hugging Face causal LM with ``get_decoder()`` and ``get_output_embeddings()``.
@@ -89,11 +89,7 @@ def logprobs_and_values(
         ``(logp, values)``, both ``(n, L-1)`` float32 and 0 off the mask.
     """
     hidden = scored_hidden(model, input_ids, attention_mask, mask, context_grad=context_grad)  # (M, H)
-    logits = model.get_output_embeddings()(hidden).float()  # (M, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = -F.cross_entropy(logits, input_ids[:, 1:][mask], reduction="none")  # (M,)
-    logp = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device).masked_scatter(mask, picked)
+    logp, _ = hidden_logprobs(model, hidden, input_ids, mask, temperature=temperature)  # (n, L-1)
     values = torch.zeros_like(logp).masked_scatter(mask, value_head(hidden).float())  # (n, L-1)
     return logp, values
 

@@ -250,3 +250,15 @@ def test_scored_hidden_gradient_is_the_full_one_when_every_token_is_scored(tiny_
         grads.append(_grads(tiny_lm))
     tiny_lm.zero_grad()
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_the_value_heads_pass_scores_its_tokens_as_the_masked_head_does(tiny_lm):
+    from algos.value import ValueHead, logprobs_and_values
+
+    ids, attn, mask = _multi_turn_batch(tiny_lm.config.vocab_size)
+    head = ValueHead(tiny_lm.config.hidden_size)
+    with torch.no_grad():
+        for temperature in (1.0, 0.7):
+            logp, values = logprobs_and_values(tiny_lm, head, ids, attn, mask, temperature=temperature)
+            expected, _ = masked_token_logprobs(tiny_lm, ids, attn, mask, temperature=temperature)
+            assert torch.equal(logp, expected) and values.shape == logp.shape
