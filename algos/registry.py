@@ -229,6 +229,7 @@ for _builtin in (
         "algos.expert_groups:ExpertTrainer",
         "GRPO with oracle episodes inside its groups",
         config="algos.expert_groups:ExpertConfig",
+        refuses={"search_credit": "an expert's group shares the episode's advantage over all its tokens"},
         module="algos.grpo_expert",
     ),
     Algorithm(
@@ -249,7 +250,10 @@ for _builtin in (
         defaults="algos.ppo:PPO_DEFAULTS",
         preset_defaults="algos.ppo:PPO_PRESETS",
         groups=False,
-        refuses={"tis_cap": "PPO's clipped objective takes no truncated importance weights"},
+        refuses={
+            "tis_cap": "PPO's clipped objective takes no truncated importance weights",
+            "search_credit": "its advantages are GAE's, per token, from the value head",
+        },
         module="algos.ppo",
     ),
     Algorithm(
@@ -261,6 +265,7 @@ for _builtin in (
         preset_defaults="algos.archer:ARCHER_PRESETS",
         groups=False,
         single_process="its critic and replay buffer would train on each rank's turns alone and drift apart",
+        refuses={"search_credit": "its advantages are the turn critic's Q - V"},
         module="algos.archer",
     ),
 ):

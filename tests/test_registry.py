@@ -144,6 +144,13 @@ def test_one_precedence_rule_for_every_entry_point(tmp_path):
     assert (sft.optim.lr, sft.sft.sft_batch_size) == (1e-4, 8)  # SFT's defaults give way to what a preset sets
 
 
+@pytest.mark.parametrize("algo", ["ppo", "archer", "grpo_expert"])
+def test_search_credit_is_refused_where_the_advantages_are_not_the_groups(algo, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--preset", "tiny", "--search-credit", "1"], algo=algo)
+    assert exit_info.value.code == 2 and f"--search-credit 1.0 is not honoured by {algo}" in capsys.readouterr().err
+
+
 def test_a_setting_an_algorithm_cannot_honour_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_config(["--preset", "tiny", "--tis-cap", "2"], algo="ppo")
