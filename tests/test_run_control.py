@@ -450,6 +450,31 @@ def test_torch_threads_given_are_kept_whatever_the_load(caplog):
         torch.set_num_threads(before)
 
 
+def test_threads_held_by_another_library_are_left_alone_and_said_once(monkeypatch, caplog):
+    """vLLM's CPU engine binds its OpenMP threads and makes ``torch.set_num_threads`` a no-op: the re-check then stops
+    (no change is logged that does not happen) and the summary says who holds the count."""
+    import torch
+
+    caplog.set_level(logging.INFO, logger="algos.run.control")
+    before = torch.get_num_threads()
+    try:
+        idle = (_reading(0.0, 0.0, 0.0), _reading(0.5, 0.0, 0.0))
+        threads = TorchThreads(None, cores=2, recheck_s=30, start=idle)
+        assert threads.threads == 2 == torch.get_num_threads()
+        torch.set_num_threads(1)  # an engine's binding, then set_num_threads stops working
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+        caplog.clear()
+        assert not threads.recheck(_reading(40.5, 40.0, 40.0))  # whatever the load: the count is not ours to set
+        assert threads.threads == 1 and threads.held is not None and threads.changes == 0
+        assert "torch threads: 1, held by another library" in caplog.text and "->" not in caplog.text
+        caplog.clear()
+        assert not threads.recheck(_reading(80.5, 40.0, 80.0)) and not caplog.text  # said once
+        assert threads.describe().startswith("1 (held by another library: torch.set_num_threads has no effect")
+    finally:
+        monkeypatch.undo()
+        torch.set_num_threads(before)
+
+
 def test_the_counters_of_this_machine_read():
     start = run_control.read_cpu()
     assert start is not None and 0 <= start.busy <= start.total and start.own > 0

@@ -431,6 +431,9 @@ class TorchThreads:
         self.stat = stat
         self.apply = apply
         self.changes = 0
+        self.held: str | None = None
+        """Why the count no longer follows the load: another library holds torch's threads (vLLM's CPU engine binds
+        its OpenMP threads and makes ``torch.set_num_threads`` a no-op); None while the re-checks decide it."""
         self._last: CpuReading | None = None
         if requested:
             self.threads, self.reason = requested, "--torch-threads"
@@ -463,7 +466,9 @@ class TorchThreads:
         Args:
             now: The reading to decide from (None reads the counters now).
         """
-        if self.requested or self._last is None:
+        if self.requested or self._last is None or self.held is not None:
+            return False
+        if self._taken():
             return False
         now = now or read_cpu(self.stat)
         if now is None or now.wall - self._last.wall < self.recheck_s:
@@ -487,10 +492,15 @@ class TorchThreads:
         self.threads = threads
         self.changes += 1
         self._set()
+        if self._taken():  # the call did nothing: another library holds the threads
+            self.changes -= 1
+            return False
         return True
 
     def describe(self) -> str:
         """The summary's line: the count at the end and how it was chosen."""
+        if self.held is not None:
+            return f"{self.threads} ({self.held})"
         if self.requested:
             return f"{self.threads} (--torch-threads)"
         changed = f"{self.first} at start, changed {self.changes} time(s)" if self.changes else "unchanged"
@@ -501,3 +511,25 @@ class TorchThreads:
             import torch
 
             torch.set_num_threads(self.threads)
+
+    def _taken(self) -> bool:
+        """Whether torch's thread count is no longer this object's to set (then `held` says why, logged once).
+
+        vLLM's CPU engine binds its OpenMP threads to the cores when it is built and from then on ignores
+        ``torch.set_num_threads`` (with a warning each call), so once the count torch reports differs from the one
+        set here, re-checking would only log changes that do not happen: the count torch reports is kept.
+        """
+        if not self.apply:
+            return False
+        import sys
+
+        import torch
+
+        actual = torch.get_num_threads()
+        if actual == self.threads:
+            return False
+        holder = "vLLM's CPU engine" if "vllm" in sys.modules else "another library"
+        self.held = f"held by {holder}: torch.set_num_threads has no effect, so the load is no longer re-checked"
+        logger.info("torch threads: %d, %s (this run had set %d)", actual, self.held, self.threads)
+        self.threads = actual
+        return True
