@@ -185,6 +185,10 @@ def check_sampler(config: Any) -> None:
             "--tis-cap with the sampler's own log-probs as old log-probs: every weight would be 1; add "
             "--old-logp recompute (automatic with --sampler vllm and with --bf16)"
         )
+    if config.model.vllm_kv_cache_gib is not None and config.model.sampler != "vllm":
+        raise ValueError(
+            f"--vllm-kv-cache-gib sizes vLLM's engine: add --sampler vllm (the sampler is {config.model.sampler})"
+        )
     if config.model.sampler == "vllm" and config.model.model == "tiny":
         raise ValueError("--sampler vllm needs a model vLLM can load (a Hugging Face id or directory), not tiny")
     if (
@@ -237,6 +241,7 @@ CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("sampler_batch_size", at_least(1), ">= 1"),
     ("sync_weights_every", at_least(1), ">= 1"),
     ("vllm_gpu_memory_utilization", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("vllm_kv_cache_gib", positive, "> 0 (or None: the share of --vllm-gpu-memory-utilization)"),
     ("lr", positive, "> 0"),
     ("weight_decay", at_least(0), ">= 0"),
     ("adam_betas", lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),

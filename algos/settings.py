@@ -151,7 +151,12 @@ class ModelSettings:
     """vllm: push the policy's weights to the engine after every N updates (between pushes it samples from weights
     up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
     vllm_gpu_memory_utilization: float = 0.4
-    """vllm: share of the GPU's memory the engine may take (weights and KV cache); the rest is the trainer's."""
+    """vllm: share of the GPU's memory the engine may take (weights and KV cache); the rest is the trainer's. On a
+    CPU, vLLM's CPU build sizes its KV cache from this share of the machine's memory (of each rank's engine)."""
+    vllm_kv_cache_gib: float | None = None
+    """vllm: the engine's KV cache in GiB (vLLM's kv_cache_memory_bytes), in place of a share of the device's memory:
+    two ranks' engines on one CPU machine need it (each takes the share of the whole memory otherwise); None: the
+    share. The memory estimate counts it before the engine starts."""
     max_sampler_error_rate: float = 0.1
     """Stop the run when more than this share of a step's episodes had a failed generation (1: never)."""
 

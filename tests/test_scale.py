@@ -150,6 +150,22 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_vllm_engine_sized_in_gib_is_counted_as_sized():
+    """--vllm-kv-cache-gib: the engine counts its own weights and the cache it was given, not a share of the memory,
+    so two ranks' engines fit one machine's estimate."""
+    from algos.config import VALIDATE_ON_INIT
+
+    shape = memory.Shape.of(_qwen25_3b_config())
+    token = VALIDATE_ON_INIT.set(False)  # the settings alone: this venv need not hold vLLM
+    try:
+        shared = memory.estimate(preset_config("cpu", sampler="vllm", model="m"), shape).parts["vllm engine"]
+        sized = memory.estimate(preset_config("cpu", sampler="vllm", model="m", vllm_kv_cache_gib=1.5), shape)
+    finally:
+        VALIDATE_ON_INIT.reset(token)
+    assert sized.parts["vllm engine"] == shape.parameters * 4 + 1.5 * memory.GIB
+    assert shared == preset_config("cpu").model.vllm_gpu_memory_utilization * memory.device_memory("cpu")
+
+
 def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_path, capsys):
     from algos.run.launch import main
 

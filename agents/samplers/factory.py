@@ -28,6 +28,7 @@ def make_sampler(
     decode: str = "auto",
     dtype: str | None = None,
     gpu_memory_utilization: float = 0.4,
+    kv_cache_gib: float | None = None,
     url: str | None = None,
     served_model: str | None = None,
     timeout_s: float = 120.0,
@@ -47,6 +48,7 @@ def make_sampler(
         decode: hf: its decode steps (auto, dynamic, static, graphs).
         dtype: vllm: the engine's dtype (None: the model config's).
         gpu_memory_utilization: vllm: share of the GPU the engine may take.
+        kv_cache_gib: vllm: the engine's KV cache in GiB instead of a share of the device's memory; None: the share.
         url: openai: the API root, e.g. http://127.0.0.1:8000/v1.
         served_model: openai: the model name the server expects (None: `source`).
         timeout_s: openai: the whole-request deadline of each generation, retries included.
@@ -68,6 +70,8 @@ def make_sampler(
         from agents.samplers.vllm_engine import VLLMSampler
 
         kwargs: dict[str, Any] = {"dtype": dtype} if dtype else {}
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         return VLLMSampler(
             source, max_context=max_context, seed=seed, gpu_memory_utilization=gpu_memory_utilization, **kwargs
         )

@@ -149,6 +149,15 @@ class VLLMSampler(TokenizerContext):
         self.llm.reset_prefix_cache()
 
 
+    def close(self) -> None:
+        """Shut the engine down now (once; its finalizer would do it at exit). Under ``torchrun`` call it before the
+        process group is destroyed: the engine's teardown destroys its own groups inside it, and after the default
+        group is gone that fails ("Invalid process group specified") on every rank."""
+        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
 class _SkippedTiedHead(logging.Filter):
     """Drops vLLM's "ParallelLMHead: Failed to load weights", which a reload of a tied model logs every time."""
 

@@ -210,7 +210,11 @@ def estimate(
     parts["rollout batch"] = (
         contexts * config.model.max_context_tokens * ROLLOUT_BYTES_PER_TOKEN + episodes * EPISODE_BYTES
     )
-    if config.model.sampler == "vllm":
+    if config.model.sampler == "vllm" and config.model.vllm_kv_cache_gib is not None:
+        # its own copy of the weights (float32 on a CPU, the build's dtype on a GPU) and the cache it was given
+        parts["vllm engine"] = shape.parameters * (4 if config.model.torch_device == "cpu" else compute_bytes)
+        parts["vllm engine"] += config.model.vllm_kv_cache_gib * GIB
+    elif config.model.sampler == "vllm":
         parts["vllm engine"] = config.model.vllm_gpu_memory_utilization * device_memory(config.model.torch_device)
     else:
         rows = min(

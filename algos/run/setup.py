@@ -85,6 +85,7 @@ def make_sampler(config: Config, policy: torch.nn.Module, tokenizer: Any, max_co
         decode=config.model.sampler_decode,
         dtype="bfloat16" if config.model.use_bf16 or config.model.param_dtype == "bfloat16" else "float32",
         gpu_memory_utilization=config.model.vllm_gpu_memory_utilization,
+        kv_cache_gib=config.model.vllm_kv_cache_gib,
     )
 
 

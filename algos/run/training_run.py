@@ -536,8 +536,12 @@ class TrainingRun(RunCheckpoints, RunFinish):
             summary["process_wall_time_s"] = time.perf_counter() - self.started
 
     def close(self) -> None:
-        """Close the envs, finish the wandb run, leave the process group and release the run directory's lock."""
+        """Close the envs and a sampler with an engine of its own, finish the wandb run, leave the process group and
+        release the run directory's lock."""
         self.collector.shutdown()
+        close_sampler = getattr(self.sampler, "close", None)
+        if close_sampler is not None:  # vLLM: its teardown needs the process group still there
+            close_sampler()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
