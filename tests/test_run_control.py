@@ -466,6 +466,14 @@ def test_threads_held_by_another_library_are_left_alone_and_said_once(monkeypatc
         caplog.clear()
         assert not threads.recheck(_reading(40.5, 40.0, 40.0))  # whatever the load: the count is not ours to set
         assert threads.threads == 1 and threads.held is not None and threads.changes == 0
+        monkeypatch.undo()
+        assert torch.get_num_threads() == 1  # (back to torch's own function for the rest)
+        fresh = TorchThreads(None, cores=2, recheck_s=30, start=idle)  # binds to the same count as was chosen:
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the replaced function alone tells
+        assert not fresh.recheck(_reading(40.5, 40.0, 40.0)) and fresh.held is not None
+        monkeypatch.undo()
+        torch.set_num_threads(1)
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
         assert "torch threads: 1, held by another library" in caplog.text and "->" not in caplog.text
         caplog.clear()
         assert not threads.recheck(_reading(80.5, 40.0, 80.0)) and not caplog.text  # said once

@@ -144,11 +144,12 @@ def _tiny_dir(tmp_path: Path, architecture: str) -> Path:
 def test_a_tiny_random_model_from_a_directory_trains_end_to_end(tmp_path, architecture):
     """Three steps of GRPO + RED sampled by the engine: each step's samples come from the weights pushed after the
     previous update (the sampler/trainer mismatch stays at float rounding while lr 1e-3 moves the weights), with
-    truncated importance sampling on."""
+    truncated importance sampling on; torch's threads, chosen from the load, are left to the engine once it binds."""
     model_dir = _tiny_dir(tmp_path, architecture)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "algos.red_grpo", "--preset", "tiny", "--model", str(model_dir), "--sampler", "vllm"]
     cmd += ["--steps", "3", "--eval-questions", "0", "--tis-cap", "2", "--run-dir", str(run), "--no-progress"]
+    cmd += ["--torch-threads", "None"]  # chosen from the load, then held by the engine's binding
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -162,3 +163,6 @@ def test_a_tiny_random_model_from_a_directory_trains_end_to_end(tmp_path, archit
         assert 0.0 <= row["mismatch/tis_capped_fraction"] <= 1.0 and row["mismatch/tis_weight_mean"] > 0.5, row
         assert row["time/weight_push"] > 0, row
     assert (run / "final" / "config.json").exists()
+    # the thread re-check knows the engine holds the threads: said once, no change logged that did not happen
+    assert done.stderr.count("held by vLLM's CPU engine: torch.set_num_threads has no effect") == 1
+    assert "torch threads: 1 -> 2" not in done.stderr and "torch threads: 2 -> 1" not in done.stderr

@@ -515,9 +515,10 @@ class TorchThreads:
     def _taken(self) -> bool:
         """Whether torch's thread count is no longer this object's to set (then `held` says why, logged once).
 
-        vLLM's CPU engine binds its OpenMP threads to the cores when it is built and from then on ignores
-        ``torch.set_num_threads`` (with a warning each call), so once the count torch reports differs from the one
-        set here, re-checking would only log changes that do not happen: the count torch reports is kept.
+        vLLM's CPU engine binds its OpenMP threads to the cores when it is built and replaces
+        ``torch.set_num_threads`` by a no-op that warns on each call, so once that function is not torch's own, or the
+        count torch reports differs from the one set here, re-checking would only log changes that do not happen:
+        the count torch reports is kept.
         """
         if not self.apply:
             return False
@@ -526,7 +527,8 @@ class TorchThreads:
         import torch
 
         actual = torch.get_num_threads()
-        if actual == self.threads:
+        replaced = torch.set_num_threads is not torch._C.set_num_threads  # vLLM's CPU worker swaps in a no-op
+        if actual == self.threads and not replaced:
             return False
         holder = "vLLM's CPU engine" if "vllm" in sys.modules else "another library"
         self.held = f"held by {holder}: torch.set_num_threads has no effect, so the load is no longer re-checked"
