@@ -184,13 +184,16 @@ class Config:
                     f"plus --max-new-tokens {self.rl.max_new_tokens} for a turn), got {self.model.max_context_tokens}"
                 )
         if self.rl.rollout == "tree":
-            per_tree, rest = divmod(self.rl.group_size, self.rl.tree_roots)
-            if rest or per_tree < 1 + self.rl.tree_branches or (per_tree - 1) % self.rl.tree_branches:
+            from agents.tree import TreeShape
+
+            try:  # the shape's own arithmetic (`TreeShape.rounds`), said with the flags' names
+                TreeShape(self.rl.tree_roots, self.rl.tree_branches).rounds(self.rl.group_size)
+            except ValueError:
                 raise ValueError(
                     f"--rollout tree: --group-size ({self.rl.group_size}) must be "
                     f"--tree-roots ({self.rl.tree_roots}) x (1 + rounds x --tree-branches ({self.rl.tree_branches})) "
                     f"with at least one round, e.g. {self.rl.tree_roots * (1 + self.rl.tree_branches)}"
-                )
+                ) from None
         if algorithm(self.run.algo).groups and self.rl.group_size < 2:
             raise ValueError(
                 f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} "
