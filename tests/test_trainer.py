@@ -251,6 +251,16 @@ def _snapshot(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def test_the_tie_probes_flag_is_the_learners_checkpoint_state_and_an_older_checkpoints_joins_it():
+    """The GRPO learner keeps whether the last step tied in its own checkpoint state; a checkpoint written when the run
+    kept it at the top level hands it to the learner the same way."""
+    from algos.run.checkpointing import _learner_state
+
+    assert _learner_state({"last_step_tied": True, "learner": {}}) == {"last_step_tied": True}  # an older checkpoint
+    assert _learner_state({"learner": {"last_step_tied": False}}) == {"last_step_tied": False}
+    assert _learner_state({}) == {}
+
+
 def test_resume_without_a_usable_checkpoint_is_an_error_that_changes_nothing(tmp_path):
 
     with pytest.raises(TrainingStopped, match="no checkpoint in .* drop --resume"):

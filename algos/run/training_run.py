@@ -109,7 +109,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
     algorithm's `algos.registry.Algorithm.step` says), `Learner.state_dict` in every checkpoint. The learner counts
     its update with `finish_update`.
 
-        run = TrainingRun(preset_config("tiny", run_dir="/tmp/run"))
+        run = TrainingRun(preset_config("tiny", run_dir="runs/tiny"))
         metrics = run.learner.train_step()
 
     Args:
@@ -123,7 +123,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
     ) -> None:
         self.config = config
         self.started = time.perf_counter()  # the summary's process wall time counts from here
-        learner_class = learner or algorithm(config.run.algo).learner_class()  # a plug-in that cannot load: now
+        learner_class = learner or algorithm(config.run.algo).learner_class()  # an unimportable one fails here
         self.threads = run_control.TorchThreads(config.run.torch_threads)  # logged; re-checked between steps
         random.seed(config.run.seed)
         np.random.seed(config.run.seed)
