@@ -29,6 +29,7 @@ from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos.config import Config
 from algos.run.launch import main as train
+from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import TurnCritic, turn_features, turn_spans, whiten
@@ -203,14 +204,15 @@ class ArCHerTrainer(Trainer):
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {**super().progress_fields(metrics), "q_loss": f"{metrics.get('critic/loss_q', float('nan')):.3f}"}
 
-    def init_learner(self) -> None:
+    def __init__(self, run: TrainingRun) -> None:
+        super().__init__(run)
         cfg = self.config
-        if not hasattr(self.policy, "get_decoder"):
+        if not hasattr(run.policy, "get_decoder"):
             raise ValueError("ArCHer needs a causal LM with get_decoder() to encode turns")
-        source = self.ref_model if self.ref_model is not None else self.policy
+        source = run.ref_model if run.ref_model is not None else run.policy
         self.encoder = copy.deepcopy(source.get_decoder()).eval().requires_grad_(False)
-        feature_size = 2 * int(self.policy.config.hidden_size)
-        self.critic = TurnCritic(feature_size, cfg.critic_hidden).to(self.device)
+        feature_size = 2 * int(run.policy.config.hidden_size)
+        self.critic = TurnCritic(feature_size, cfg.critic_hidden).to(run.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         self.replay = TurnReplay(cfg.replay_capacity, feature_size, seed=cfg.run.seed)
@@ -218,17 +220,18 @@ class ArCHerTrainer(Trainer):
         self.target_updates = 0
 
     # --- checkpoint --------------------------------------------------------------------------------------
-    def learner_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors = {f"critic.{k}": v for k, v in self.critic.state_dict().items()}
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().state_dict()  # the tie probe's flag
+        tensors.update({f"critic.{k}": v for k, v in self.critic.state_dict().items()})
         tensors.update({f"target.{k}": v for k, v in self.target_critic.state_dict().items()})
         for index, slots in self.critic_optimizer.state_dict()["state"].items():
             tensors.update({f"critic_opt.{index}.{name}": torch.as_tensor(v) for name, v in slots.items()})
         replay_tensors, replay_state = self.replay.state_dict()
         tensors.update(replay_tensors)
-        state = {"critic_steps": self.critic_steps, "target_updates": self.target_updates, "replay": replay_state}
+        state.update({"critic_steps": self.critic_steps, "target_updates": self.target_updates, "replay": replay_state})
         return tensors, state
 
-    def load_learner_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         def part(prefix: str) -> dict[str, torch.Tensor]:
             return {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
 
@@ -242,6 +245,11 @@ class ArCHerTrainer(Trainer):
         self.critic_optimizer.load_state_dict({"state": slots, "param_groups": optimizer_state["param_groups"]})
         self.replay.load_state_dict(tensors, state["replay"])
         self.critic_steps, self.target_updates = int(state["critic_steps"]), int(state["target_updates"])
+        own = ("critic.", "target.", "critic_opt.", "replay.")
+        super().load_state_dict(
+            {k: v for k, v in tensors.items() if not k.startswith(own)},
+            {k: v for k, v in state.items() if k not in ("critic_steps", "target_updates", "replay")},
+        )
 
     # --- the critic --------------------------------------------------------------------------------------
     def encode_turns(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, list[tuple[int, int, int]]]:
@@ -258,7 +266,7 @@ class ArCHerTrainer(Trainer):
                 for generation in trajectory.generations:
                     spans = turn_spans(generation.loss_mask)
                     if spans:
-                        ids = torch.tensor([generation.token_ids], device=self.device)
+                        ids = torch.tensor([generation.token_ids], device=self.run.device)
                         hidden = self.encoder(input_ids=ids, use_cache=False).last_hidden_state[0]  # (L, H)
                         state, state_action = turn_features(hidden, spans)  # (K, 2H) each
                         states.extend(state.float().cpu())
@@ -288,7 +296,7 @@ class ArCHerTrainer(Trainer):
     def critic_update(self, sample: TensorDict) -> dict[str, float]:
         """One gradient step of the critic heads on a minibatch of turns; refreshes the target every n steps."""
         cfg = self.config
-        sample = sample.to(self.device)
+        sample = sample.to(self.run.device)
         with torch.no_grad():
             q_next = sample["reward"] + cfg.gamma * (1.0 - sample["done"]) * self.target_critic.value(
                 sample["next_state"]
@@ -321,7 +329,7 @@ class ArCHerTrainer(Trainer):
     # --- the step ----------------------------------------------------------------------------------------
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
         cfg = self.config
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
+        batch = collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
         # old_logp=recompute: the training model's old log-probs, and how far the sampler's were (mismatch/*)
         mismatch = self._old_logp(batch) if cfg.recompute_old_logp else {}
         turns, places = self.encode_turns(trajectories)
@@ -330,8 +338,8 @@ class ArCHerTrainer(Trainer):
             self.critic_update(self.replay.sample(cfg.critic_batch_size)) for _ in range(cfg.critic_updates)
         ]
         with torch.no_grad():
-            q = torch.minimum(*self.critic.q(turns["state_action"].to(self.device))).cpu()  # (K,)
-            v = self.critic.value(turns["state"].to(self.device)).cpu()  # (K,)
+            q = torch.minimum(*self.critic.q(turns["state_action"].to(self.run.device))).cpu()  # (K,)
+            v = self.critic.value(turns["state"].to(self.run.device)).cpu()  # (K,)
         turn_adv = q - v  # (K,)
         scaled = whiten(turn_adv, torch.ones_like(turn_adv, dtype=torch.bool)) if cfg.whiten_advantages else turn_adv
         adv = torch.zeros(batch["loss_mask"].shape)  # (N, T-1)

@@ -27,6 +27,7 @@ from algos.config import Config
 from algos.losses import entropy_estimate, policy_loss
 from algos.off_policy import shaped_expert_loss
 from algos.run import setup as run_setup
+from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied
@@ -118,9 +119,10 @@ class ExpertTrainer(Trainer):
       ``expansion/*``). Not with tree rollouts.
     """
 
-    def init_learner(self) -> None:
-        self.oracle = oracle_agent(self.config, self.tokenizer)  # the demonstrations' oracle
-        self.max_context = run_setup.context_limit(self.config, self.policy)
+    def __init__(self, run: TrainingRun) -> None:
+        super().__init__(run)
+        self.oracle = oracle_agent(self.config, run.tokenizer)  # the demonstrations' oracle
+        self.max_context = run_setup.context_limit(self.config, run.policy)
         self._expert_counts: dict[str, float] = {}
 
     # --- the experts ---------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ class ExpertTrainer(Trainer):
         members = self.config.expert_members
         questions = {t.group_id: t.example_index for t in trajectories}  # group -> question, in order
         jobs = [(group, index) for group, index in questions.items() for _ in range(members)]
-        envs = self.collector.envs
+        envs = self.run.collector.envs
         played: list[Trajectory] = []
         for lo in range(0, len(jobs), len(envs)):
             chunk = jobs[lo : lo + len(envs)]
@@ -141,7 +143,7 @@ class ExpertTrainer(Trainer):
                 envs[: len(chunk)],
                 [index for _, index in chunk],
                 [group for group, _ in chunk],
-                seed=self.config.run.seed * 1_000_003 + self.step,
+                seed=self.config.run.seed * 1_000_003 + self.run.step,
             )
         return [t for t in played if self.usable(t)], len(played)
 
@@ -180,7 +182,7 @@ class ExpertTrainer(Trainer):
         it trains like any. Returns the episodes (the replaced ones swapped in place) and the counts that
         `collect_rollouts` logs as ``expansion/*``.
         """
-        envs = self.collector.envs
+        envs = self.run.collector.envs
         groups: dict[int, list[int]] = {}
         for i, t in enumerate(trajectories):
             groups.setdefault(t.group_id, []).append(i)
@@ -196,11 +198,11 @@ class ExpertTrainer(Trainer):
         for lo in range(0, len(starts), len(envs)):
             chunk = starts[lo : lo + len(envs)]
             with self.autocast():  # as the rollouts sampled
-                played = self.agent.rollout(
+                played = self.run.agent.rollout(
                     envs[: len(chunk)],
                     [trajectories[best].example_index for _, best, _ in chunk],
                     [group for group, _, _ in chunk],
-                    seed=self.config.run.seed * 1_000_003 + self.step + 104_729,
+                    seed=self.config.run.seed * 1_000_003 + self.run.step + 104_729,
                     members=[self.config.rl.group_size] * len(chunk),  # a sampling stream none of the group's used
                     scripts=[trajectories[best].turns[:count] for _, best, count in chunk],
                 )
@@ -230,11 +232,11 @@ class ExpertTrainer(Trainer):
         expansion = {"expansion_groups": 0.0, "expansion_replaced": 0.0, "expansion_gain": 0.0}
         metrics: dict[str, float] = {}
         if cfg.grounded_expansion:
-            seconds, tokens = self.sampler.seconds, self.sampler.tokens
+            seconds, tokens = self.run.sampler.seconds, self.run.sampler.tokens
             start = time.perf_counter()
             trajectories, expansion = self.expand(trajectories)
             metrics["time/expansion"] = time.perf_counter() - start
-            self.sampler.seconds, self.sampler.tokens = seconds, tokens  # time/generation stays the rollouts'
+            self.run.sampler.seconds, self.run.sampler.tokens = seconds, tokens  # time/generation stays the rollouts'
         start = time.perf_counter()
         experts, played = self.expert_episodes(trajectories)
         metrics["time/experts"] = time.perf_counter() - start
@@ -243,7 +245,7 @@ class ExpertTrainer(Trainer):
         rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
         # --rollout tree: an expert is a tree of its own, its within-tree term 0 and its within-group term counted
         adv = episode_advantages(episodes, scale=cfg.rl.advantage_std_scale)  # (B,)
-        batch = collate_trajectories(episodes, pad_token_id=self.pad_id)
+        batch = collate_trajectories(episodes, pad_token_id=self.run.pad_id)
         batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
         batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
         metrics["critic/advantages/abs_mean"] = float(adv.abs().mean())
@@ -310,7 +312,7 @@ class ExpertTrainer(Trainer):
         mask = part["loss_mask"]  # (n, L-1)
         expert_rows = part["expert"].unsqueeze(-1)  # (n, 1)
         sampled, expert = mask & ~expert_rows, mask & expert_rows  # (n, L-1) each
-        logp, _ = self._logprobs(self.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
+        logp, _ = self._logprobs(self.run.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
         terms = policy_loss(
             logp,
             part["old_logp"],

@@ -1,6 +1,6 @@
 """PPO: a token-level value head, GAE advantages and the clipped objective, on the shared training loop.
 
-One step (the loop is `algos.trainer.Trainer`'s; this file only changes the advantages and the loss):
+One step (the loop is the `algos.trainer.Trainer` learner's; this file only changes the advantages and the loss):
 
     trajectories = next(iter(collector)) records                   # B episodes (questions x group_size)
     batch = collate_trajectories(trajectories)                     # (N, T) contexts, (N, T-1) token tensors
@@ -36,6 +36,7 @@ from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config
 from algos.losses import kl_per_token, policy_loss
 from algos.run.launch import main as train
+from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import ValueHead, episode_gae, logprobs_and_values, value_loss, whiten
@@ -156,26 +157,30 @@ class PPOTrainer(Trainer):
         explained = metrics.get("critic/explained_variance", float("nan"))
         return {**super().progress_fields(metrics), "ev": f"{explained:.3f}"}
 
-    def init_learner(self) -> None:
-        if not (hasattr(self.policy, "get_decoder") and hasattr(self.policy, "get_output_embeddings")):
+    def __init__(self, run: TrainingRun) -> None:
+        super().__init__(run)
+        policy = run.policy
+        if not (hasattr(policy, "get_decoder") and hasattr(policy, "get_output_embeddings")):
             raise ValueError("PPO needs a causal LM with get_decoder() and get_output_embeddings() for its value head")
-        self.value_head = ValueHead(int(self.policy.config.hidden_size)).to(self.device)
+        self.value_head = ValueHead(int(policy.config.hidden_size)).to(run.device)
 
-    def learner_param_groups(self) -> list[dict[str, Any]]:
+    def param_groups(self) -> list[dict[str, Any]]:
         return [{"params": list(self.value_head.parameters()), "lr": self.config.value_lr, "weight_decay": 0.0}]
 
-    def learner_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return {f"value_head.{k}": v for k, v in self.value_head.state_dict().items()}, {}
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, state = super().state_dict()
+        return {**tensors, **{f"value_head.{k}": v for k, v in self.value_head.state_dict().items()}}, state
 
-    def load_learner_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         weights = {k.removeprefix("value_head."): v for k, v in tensors.items() if k.startswith("value_head.")}
         self.value_head.load_state_dict(weights)
+        super().load_state_dict({k: v for k, v in tensors.items() if not k.startswith("value_head.")}, state)
 
     def _forward(self, part: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
         return distributed.as_forward(  # --fsdp: decoder and LM head called apart, inside the root's forward hooks
-            self.policy,
+            self.run.policy,
             logprobs_and_values,
-            self.policy,
+            self.run.policy,
             self.value_head,
             part["input_ids"],
             part["attention_mask"],
@@ -187,11 +192,11 @@ class PPOTrainer(Trainer):
     def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
         cfg = self.config
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.pad_id)
+        batch = collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
         mask = batch["loss_mask"]  # (N, T-1)
         old_values = torch.zeros(mask.shape)  # (N, T-1)
         old_logp = torch.zeros(mask.shape)  # (N, T-1)
-        ref_logp = torch.zeros(mask.shape) if self.ref_model is not None else None  # (N, T-1)
+        ref_logp = torch.zeros(mask.shape) if self.run.ref_model is not None else None  # (N, T-1)
         lengths = batch["attention_mask"].sum(-1).tolist()
         with torch.no_grad(), self.autocast():
             for rows in micro_batches(lengths, cfg.optim.micro_batch_tokens):
@@ -201,7 +206,7 @@ class PPOTrainer(Trainer):
                 old_values[index, : values.shape[1]] = values.float().cpu()
                 old_logp[index, : logp.shape[1]] = logp.float().cpu()
                 if ref_logp is not None:
-                    ref, _ = self._logprobs(self.ref_model, part, temperature=cfg.rl.temperature)
+                    ref, _ = self._logprobs(self.run.ref_model, part, temperature=cfg.rl.temperature)
                     ref_logp[index, : ref.shape[1]] = ref.float().cpu()
         if cfg.recompute_old_logp:
             batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
@@ -212,7 +217,7 @@ class PPOTrainer(Trainer):
         adv, returns = episode_gae(rewards_t, old_values, mask, batch["episode_id"], cfg.gamma, cfg.gae_lambda)
         raw_adv = adv
         if cfg.whiten_advantages:  # data parallel: over every rank's sampled tokens
-            adv = whiten(adv, mask, all_sum=distributed.all_sum if self.world.enabled else None)
+            adv = whiten(adv, mask, all_sum=distributed.all_sum if self.run.world.enabled else None)
         batch["adv"] = adv  # (N, T-1)
         batch["returns"] = returns  # (N, T-1)
         batch["old_values"] = old_values  # (N, T-1)

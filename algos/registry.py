@@ -58,8 +58,8 @@ class Algorithm:
     Args:
         name: Its name on the command line (``--algo``), in run names and in `benchmarks.compare` (a word of
             lowercase letters, digits and underscores).
-        learner: The class that trains it: a `algos.run.training_run.TrainingRun` subclass built from a `Config`
-            (`algos.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
+        learner: The class that trains it: an `algos.run.learner.Learner` subclass, built by the run from the run
+            itself (`algos.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
         label: How the model card and reports name it ("GRPO + RED ...").
         sft_weighting: The weight of the SFT term on oracle demonstrations each step: "none", "fixed" (sft_coef),
             "red" (`algos.weighting.RED`), or a function of the `Config` that builds an `algos.weighting.SFTWeighting`.

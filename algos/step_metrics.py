@@ -1,5 +1,7 @@
 """What one training step produced and how it is logged: the step's episodes and batch (`Rollouts`), and the
-metrics row `algos.trainer.Trainer` returns for metrics.jsonl (`step_metrics`, `sft_step_metrics`)."""
+metrics row the `algos.trainer.Trainer` learner returns for metrics.jsonl (`step_metrics`, `sft_step_metrics`), from
+its run's counters (`algos.run.training_run.TrainingRun`: the step, the optimizer's lr, the weighting rule, the
+sampler's clock)."""
 
 from __future__ import annotations
 
@@ -57,10 +59,10 @@ class Rollouts:
 
 
 def step_metrics(
-    trainer: Any, rollouts: Rollouts, metrics: dict[str, float], grad_norm: float, timings: dict[str, float]
+    run: Any, rollouts: Rollouts, metrics: dict[str, float], grad_norm: float, timings: dict[str, float]
 ) -> dict[str, float]:
-    """The metrics row of an RL step of `trainer`: the update's `metrics`, the episodes', the batch's, the timings."""
-    batch, rewards, sampler = rollouts.batch, rollouts.rewards, trainer.sampler
+    """The metrics row of an RL step of `run`: the update's `metrics`, the episodes', the batch's, the timings."""
+    batch, rewards, sampler = rollouts.batch, rollouts.rewards, run.sampler
     episodes = [episode_metrics(t.info) for t in rollouts.episodes]  # what the env reports: answered, em, f1...
     names = dict.fromkeys(name for episode in episodes for name in episode)
     sampled = int(distributed.all_sum(float(batch["loss_mask"].sum()))[0])  # data parallel: every rank's
@@ -68,7 +70,7 @@ def step_metrics(
     t_fwd_bwd = timings["time/forward_backward"]
     metrics.update(
         {
-            "step": trainer.step,
+            "step": run.step,
             "total_loss": sum(v for k, v in metrics.items() if k.startswith("loss_")),
             "critic/rewards/mean": float(rewards.mean()),
             "critic/rewards/max": float(rewards.max()),
@@ -82,8 +84,8 @@ def step_metrics(
             "train/episodes": len(rollouts.episodes),
             "train/rl_entropy": rollouts.rl_entropy,
             "train/grad_norm": grad_norm,
-            "train/lr": trainer.optimizer.param_groups[0]["lr"],
-            **trainer.weighting.metrics(),
+            "train/lr": run.optimizer.param_groups[0]["lr"],
+            **run.weighting.metrics(),
             "time/step": time.perf_counter() - rollouts.started,
             "time/rollout": rollouts.t_rollout,
             "time/generation": sampler.seconds,
@@ -95,26 +97,26 @@ def step_metrics(
             "tokens/trained": trained,
             "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
             "tokens/s_generation": sampler.tokens / sampler.seconds if sampler.seconds else 0.0,
-            **peak_memory(trainer.device),
+            **peak_memory(run.device),
         }
     )
     return metrics
 
 
 def sft_step_metrics(
-    trainer: Any, metrics: dict[str, float], grad_norm: float, started: float, t_fwd_bwd: float
+    run: Any, metrics: dict[str, float], grad_norm: float, started: float, t_fwd_bwd: float
 ) -> dict[str, float]:
     """The metrics row of a supervised step (``python -m algos.sft``): no episodes, so reward and F1 are NaN."""
     trained = metrics.pop("tokens/trained_sft")
     metrics.update(
         {
-            "step": trainer.step,
+            "step": run.step,
             "total_loss": metrics["loss_sft"],
             "sft/weight": 1.0,
             "critic/rewards/mean": float("nan"),
             "answer_f1/mean": float("nan"),
             "train/grad_norm": grad_norm,
-            "train/lr": trainer.optimizer.param_groups[0]["lr"],
+            "train/lr": run.optimizer.param_groups[0]["lr"],
             "time/step": time.perf_counter() - started,
             "time/forward_backward": t_fwd_bwd,
             "tokens/trained": trained,

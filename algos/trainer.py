@@ -9,13 +9,15 @@ The three algorithms differ only in the SFT weighting rule (`algos.weighting`: N
     loss = loss_pg + loss_kl + w * sft_coef * loss_sft          # token means over the RL batch and the demos
     loss.backward(); clip_grad_norm_; AdamW.step()              # backward runs micro-batch by micro-batch
     rule.observe_sft_entropy(h_sft)                             # measured in the SFT forward pass
-    collector.update_policy_weights_(policy)                    # a sampler with its own weights (vLLM) gets them
+    run.finish_update()                                         # step + 1; a sampler with its own weights gets them
 
 `Trainer` says the details a reader may need and how other learners (PPO, ArCHer) reuse this step; the metrics row
 is `algos.step_metrics`, the forward passes `algos.scoring`. Everything around the step (setup, resume, checkpoints,
-metrics.jsonl, wandb, the final model, the evaluation, the command line) is `algos.run`. Under ``torchrun`` each rank
-runs this step on its share of the batch (`algos.distributed`): the lines that make it one process's step say "data
-parallel", those for a sharded policy "--fsdp". What of TorchRL the step uses: docs/method.md, "TorchRL".
+metrics.jsonl, wandb, the final model, the evaluation, the command line) is `algos.run`: the run
+(`algos.run.training_run.TrainingRun`) holds this learner and calls it, and the learner uses the run's parts as
+``self.run.policy``, ``self.run.optimizer``, ... Under ``torchrun`` each rank runs this step on its share of the batch
+(`algos.distributed`): the lines that make it one process's step say "data parallel", those for a sharded policy
+"--fsdp". What of TorchRL the step uses: docs/method.md, "TorchRL".
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from algos.losses import (
     total_loss,
     tree_advantages,
 )
+from algos.run.learner import Learner
 from algos.run.training_run import TrainingRun, sync
 from algos.search_credit import token_advantages
 from algos.sft_data import sample_indices
@@ -51,8 +54,8 @@ from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_me
 __all__ = ["Trainer", "episode_advantages"]
 
 
-class Trainer(TrainingRun):
-    """One training run: the step below, on `TrainingRun`'s model, sampler, collector and optimizer.
+class Trainer(Learner):
+    """The GRPO family's learner: the step below, on its run's model, sampler, collector and optimizer.
 
     Details a reader may need:
 
@@ -81,14 +84,20 @@ class Trainer(TrainingRun):
 
     Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`):
     ``make_batch`` sets the advantages (per generation or per token), ``rl_loss_terms`` returns a micro-batch's
-    ``loss_*`` terms, ``init_learner`` / ``learner_param_groups`` add modules (a value head, a critic) and
-    ``learner_state_dict`` / ``load_learner_state_dict`` put their state into the checkpoints. ``update_epochs`` > 1
-    takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
+    ``loss_*`` terms, ``__init__`` / ``param_groups`` add modules (a value head, a critic) and ``state_dict`` /
+    ``load_state_dict`` put their state into the checkpoints. ``update_epochs`` > 1 takes several optimizer steps on
+    one batch (PPO epochs); the GRPO family uses 1.
 
     Args:
-        config: The run's settings.
-        weighting: The SFT weighting rule; None builds the one of ``config.run.algo``.
+        run: The run that holds this learner (built up to its demonstrations; the optimizer comes after).
     """
+
+    run: TrainingRun
+
+    def __init__(self, run: TrainingRun) -> None:
+        super().__init__(run)
+        self.last_step_tied = False
+        """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
 
     def train_step(self) -> dict[str, float]:
         """Collect one batch, update the model once (``update_epochs`` times for PPO); return the step's metrics."""
@@ -100,19 +109,19 @@ class Trainer(TrainingRun):
         step_start = time.perf_counter()
 
         # rollouts: generation (sampler) vs everything else (env, retrieval, agent bookkeeping)
-        self.policy.eval()
-        self.sampler.seconds, self.sampler.tokens = 0.0, 0
+        self.run.policy.eval()
+        self.run.sampler.seconds, self.run.sampler.tokens = 0.0, 0
         probe = cfg.rl.tie_probe_questions if self.last_step_tied else None
         if probe is not None:  # data parallel: at least one question per rank
-            probe = min(max(probe, self.world.size), cfg.rl.questions_per_step)
+            probe = min(max(probe, self.run.world.size), cfg.rl.questions_per_step)
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
-        with self.full_weights():
+        with self.run.full_weights():
             trajectories, gathered, played, resampled = self._play(probe)
             t_rollout = time.perf_counter() - step_start
             infos = [t.info for t in played]
             # a step whose searches or generations failed past their allowed share stops the run before the update
-            _, retrieval_error_rate = episode_checks.check_retrieval(infos, self.step + 1, cfg)
-            sampler_error_rate = episode_checks.check_sampler(infos, self.step + 1, cfg)
+            _, retrieval_error_rate = episode_checks.check_retrieval(infos, self.run.step + 1, cfg)
+            sampler_error_rate = episode_checks.check_sampler(infos, self.run.step + 1, cfg)
 
             # advantages and old log-probs, before the update
             start = time.perf_counter()
@@ -148,7 +157,7 @@ class Trainer(TrainingRun):
         advantage is not 0 (`algos.dynamic_sampling`); without it the first three are the one batch's."""
         rl = self.config.rl
         with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            trajectories = self.collector.collect(probe)  # data parallel: this rank's share of the step's groups
+            trajectories = self.run.collector.collect(probe)  # data parallel: this rank's share of the step's groups
         gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
         if not rl.max_resample_batches:
             return trajectories, gathered, gathered, 0
@@ -156,7 +165,7 @@ class Trainer(TrainingRun):
         keep = signal_groups(played, rl.search_credit, rl.repeat_penalty)
         while len(keep) < wanted and rounds < rl.max_resample_batches:
             with self.autocast():  # only as many new questions as are missing
-                played += self.collector.collect(wanted - len(keep))
+                played += self.run.collector.collect(wanted - len(keep))
             keep, rounds = signal_groups(played, rl.search_credit, rl.repeat_penalty), rounds + 1
         if not keep:  # no group carries a signal: the first batch, all tied, as without dynamic sampling
             return trajectories, gathered, played, rounds
@@ -167,38 +176,37 @@ class Trainer(TrainingRun):
     def update(self, rollouts: Rollouts) -> dict[str, float]:
         """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
         cfg = self.config
-        w = self.weighting.weight(rl_entropy=rollouts.rl_entropy, batch_accuracy=rollouts.accuracy)
-        sft_weight = w * cfg.sft.sft_coef if self.demos else 0.0  # the SFT term's weight this step
-        sft_batch = self.sft_minibatch(self.step) if sft_weight > 0 else None
+        w = self.run.weighting.weight(rl_entropy=rollouts.rl_entropy, batch_accuracy=rollouts.accuracy)
+        sft_weight = w * cfg.sft.sft_coef if self.run.demos else 0.0  # the SFT term's weight this step
+        sft_batch = self.sft_minibatch(self.run.step) if sft_weight > 0 else None
 
         # the update: loss = loss_pg + loss_kl + w * sft_coef * loss_sft; each term is a token mean over its whole
         # batch, so its gradient accumulates micro-batch by micro-batch (`_rl_backward`, `_sft_backward`)
         t_fwd_bwd, t_optimizer = 0.0, 0.0
-        self.policy.train()
+        self.run.policy.train()
         for _ in range(cfg.optim.update_epochs):
             start = time.perf_counter()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.run.optimizer.zero_grad(set_to_none=True)
             metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_weight)
-            self.sync_gradients()  # data parallel: sum the ranks' gradients
+            self.run.sync_gradients()  # data parallel: sum the ranks' gradients
             sync()
             t_fwd_bwd += time.perf_counter() - start
             start = time.perf_counter()
             grad_norm = distributed.clip_grad_norm_(
-                self.trainable, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+                self.run.trainable, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
             )
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.run.optimizer.step()
+            self.run.optimizer.zero_grad(set_to_none=True)
             sync()
             t_optimizer += time.perf_counter() - start
-        self.policy.eval()
+        self.run.policy.eval()
         if "sft/entropy" in metrics:
-            self.weighting.observe_sft_entropy(metrics["sft/entropy"])
-        self.step += 1
-        pushed = self.push_weights()  # a sampler with its own copy of the weights (vLLM) gets the updated ones
+            self.run.weighting.observe_sft_entropy(metrics["sft/entropy"])
+        pushed = self.run.finish_update()  # step + 1; a sampler with its own copy of the weights (vLLM) gets them
         timings = {"time/forward_backward": t_fwd_bwd, "time/optimizer": t_optimizer}
         if pushed is not None:
             timings["time/weight_push"] = pushed
-        return step_metrics(self, rollouts, metrics, float(grad_norm), timings)
+        return step_metrics(self.run, rollouts, metrics, float(grad_norm), timings)
 
     def accumulate_gradients(
         self, batch: TensorDict, sft_batch: TensorDict | None = None, sft_weight: float = 0.0
@@ -216,12 +224,12 @@ class Trainer(TrainingRun):
             The terms' metrics: ``loss_*``, ``rl/*``, ``sft/*`` and the ``tokens/trained_*`` counts.
         """
         metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
-        grads = [p.grad for p in self.trainable if p.grad is not None]
+        grads = [p.grad for p in self.run.trainable if p.grad is not None]
         metrics["rl/grad_norm"] = _norm(grads)  # each term's gradient norm, before clipping (this rank's gradient)
         if sft_batch is not None:
-            rl_grads = {id(p): p.grad.detach().clone() for p in self.trainable if p.grad is not None}
+            rl_grads = {id(p): p.grad.detach().clone() for p in self.run.trainable if p.grad is not None}
             metrics.update(self._sft_backward(sft_batch, sft_weight))  # + w * sft_coef * loss_sft
-            sft_grads = [p.grad - rl_grads[id(p)] if id(p) in rl_grads else p.grad for p in self.trainable]
+            sft_grads = [p.grad - rl_grads[id(p)] if id(p) in rl_grads else p.grad for p in self.run.trainable]
             metrics["sft/grad_norm"] = _norm([g for g in sft_grads if g is not None])
         return metrics
 
@@ -244,13 +252,13 @@ class Trainer(TrainingRun):
 
     def collate(self, trajectories: Sequence[Trajectory]) -> TensorDict:
         """The padded batch of `trajectories` (`agents.collate.collate_trajectories`): the step's one collation."""
-        return collate_trajectories(trajectories, pad_token_id=self.pad_id)
+        return collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
 
     def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
         """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
         rl = self.config.rl
         mask = part["loss_mask"]  # (n, L-1)
-        logp, _ = self._logprobs(self.policy, part, temperature=rl.temperature)  # (n, L-1)
+        logp, _ = self._logprobs(self.run.policy, part, temperature=rl.temperature)  # (n, L-1)
         is_weight = part.get("is_weight", None)  # --tis-cap: truncated importance weights (`_old_logp`)
         clip = (rl.clip_eps, rl.clip_eps_high)
         terms = policy_loss(
@@ -273,25 +281,25 @@ class Trainer(TrainingRun):
             mask: ``(n, L-1)``, the tokens the term sees (sampled from the policy: the estimators assume it).
             num_tokens: The token-mean divisor (`algos.losses.masked_mean`).
         """
-        if self.ref_model is None:
+        if self.run.ref_model is None:
             return None
         rl = self.config.rl
         with torch.no_grad():
-            ref_logp, _ = self._logprobs(self.ref_model, part, temperature=rl.temperature)
+            ref_logp, _ = self._logprobs(self.run.ref_model, part, temperature=rl.temperature)
         return rl.kl_coef * kl_penalty(logp, ref_logp, mask, rl.kl_estimator, num_tokens=num_tokens)
 
     def sft_indices(self, step: int) -> Sequence[int]:
         """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
         sft, seed = self.config.sft, self.config.run.seed
-        roles = [d.role for d in self.demos] if sft.sft_planner_share is not None else None
+        roles = [d.role for d in self.run.demos] if sft.sft_planner_share is not None else None
         return sample_indices(
-            len(self.demos), sft.sft_batch_size, seed, step, roles=roles, planner_share=sft.sft_planner_share
+            len(self.run.demos), sft.sft_batch_size, seed, step, roles=roles, planner_share=sft.sft_planner_share
         )
 
     def sft_minibatch(self, step: int) -> TensorDict:
         """The SFT minibatch of `step` (a function of the seed and the step only)."""
-        picks = distributed.shard(self.sft_indices(step), self.world)  # data parallel: this rank's share
-        return collate_sft([self.demos[i] for i in picks], pad_token_id=self.pad_id)
+        picks = distributed.shard(self.sft_indices(step), self.run.world)  # data parallel: this rank's share
+        return collate_sft([self.run.demos[i] for i in picks], pad_token_id=self.run.pad_id)
 
     def rl_micro_batches(self, batch: TensorDict) -> list[list[int]]:
         """Row indices of each micro-batch the RL backward of `batch` runs, in order (`algos.batch.micro_batches`).
@@ -320,7 +328,7 @@ class Trainer(TrainingRun):
         losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
         token_sums: dict[str, float] = {}  # per-token metrics (clip_fraction, approx_kl, ...) times tokens
         run_tokens, trained_tokens = 0.0, 0
-        with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
+        with self.run.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
             for part_rows in parts:
                 part = self._rows(batch, part_rows)
                 with self.autocast():
@@ -347,11 +355,11 @@ class Trainer(TrainingRun):
         lengths = sft_batch["attention_mask"].sum(-1).tolist()
         nll, entropy_sum, trained_tokens = 0.0, 0.0, 0
         parts = micro_batches(lengths, self.config.optim.micro_batch_tokens)
-        with self.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
+        with self.run.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
             for rows in parts:
                 part = self._rows(sft_batch, rows)
                 with self.autocast():
-                    logp, entropy = self._logprobs(self.policy, part, with_entropy=True)  # (n, L-1) each
+                    logp, entropy = self._logprobs(self.run.policy, part, with_entropy=True)  # (n, L-1) each
                     part_nll = sft_loss(logp, part["loss_mask"], num_tokens=num_tokens)
                 (coef * part_nll).backward()
                 nll += float(part_nll.detach())
@@ -372,32 +380,32 @@ class Trainer(TrainingRun):
         GRPO's groups later hold valid episodes with different rewards. Reward and F1 are logged as NaN.
         """
         start = time.perf_counter()
-        self.policy.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics = self._sft_backward(self.sft_minibatch(self.step), 1.0)
-        self.sync_gradients()  # data parallel: sum the ranks' gradients
+        self.run.policy.train()
+        self.run.optimizer.zero_grad(set_to_none=True)
+        metrics = self._sft_backward(self.sft_minibatch(self.run.step), 1.0)
+        self.run.sync_gradients()  # data parallel: sum the ranks' gradients
         sync()
         t_fwd_bwd = time.perf_counter() - start
-        grad_norm = distributed.clip_grad_norm_(self.trainable, self.config.optim.grad_clip or math.inf)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.policy.eval()
-        self.step += 1
-        return sft_step_metrics(self, metrics, float(grad_norm), start, t_fwd_bwd)
+        grad_norm = distributed.clip_grad_norm_(self.run.trainable, self.config.optim.grad_clip or math.inf)
+        self.run.optimizer.step()
+        self.run.optimizer.zero_grad(set_to_none=True)
+        self.run.policy.eval()
+        self.run.finish_update(push=False)  # step + 1; no rollouts here, so no sampler waits for the weights
+        return sft_step_metrics(self.run, metrics, float(grad_norm), start, t_fwd_bwd)
 
     # --- forward passes ------------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
         """bfloat16 autocast on the run's device under ``use_bf16``; else a no-op."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.model.use_bf16)
+        return torch.autocast(self.run.device.type, dtype=torch.bfloat16, enabled=self.config.model.use_bf16)
 
     def _rows(self, batch: TensorDict, rows: Sequence[int]) -> TensorDict:
-        return trim_rows(batch, rows, self.device)
+        return trim_rows(batch, rows, self.run.device)
 
     def _logprobs(
         self, model: torch.nn.Module, part: TensorDict, *, with_entropy: bool = False, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and optionally entropies) of a micro-batch at its loss-mask positions (`scoring.logprobs`)."""
-        flags = {"masked_head": self.masked_head, "context_grad": self.config.optim.context_grad}
+        flags = {"masked_head": self.run.masked_head, "context_grad": self.config.optim.context_grad}
         return scoring.logprobs(model, part, with_entropy=with_entropy, temperature=temperature, **flags)
 
     def _old_logp(self, batch: TensorDict) -> dict[str, float]:
@@ -405,31 +413,20 @@ class Trainer(TrainingRun):
         cfg = self.config
         return scoring.recompute_old_logp(
             batch,
-            lambda part: self._logprobs(self.policy, part, temperature=cfg.rl.temperature)[0],
+            lambda part: self._logprobs(self.run.policy, part, temperature=cfg.rl.temperature)[0],
             self._rows,
             micro_batch_tokens=cfg.optim.micro_batch_tokens,
             tis_cap=cfg.rl.tis_cap,
             autocast=self.autocast,
         )
 
-    # --- seams for other learners (algos.ppo, algos.archer); the GRPO family has no modules of its own ------
-    def init_learner(self) -> None:
-        """Build the learner's own modules (a value head, a critic); runs after the model, before the optimizer."""
+    # --- checkpoint state: the tie probe's flag (learners with modules of their own add theirs) ---------------
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {}, {"last_step_tied": self.last_step_tied}
 
-    def learner_param_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups the main optimizer trains besides the policy's (e.g. a value head, its own lr)."""
-        return []
-
-    def learner_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The learner's checkpoint state: tensors by name (saved with the weights) and JSON-able values."""
-        return {}, {}
-
-    def load_learner_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Restore what `learner_state_dict` returned."""
-        if tensors or state:
-            raise ValueError(
-                f"checkpoint holds learner state ({sorted(tensors)[:3]}) that {self.config.run.algo} lacks"
-            )
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        self.last_step_tied = bool(state.get("last_step_tied", False))
+        super().load_state_dict(tensors, {k: v for k, v in state.items() if k != "last_step_tied"})
 
 
 def episode_advantages(episodes: Sequence[Trajectory], scale: bool = True) -> torch.Tensor:

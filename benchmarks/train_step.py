@@ -43,6 +43,7 @@ import algos.trainer
 from algos.batch import micro_batches, trim_rows
 from algos.config import Config
 from algos.run.cli import parse_config
+from algos.run.training_run import TrainingRun
 from algos.trainer import Trainer
 from benchmarks.roofline import matmul_peak, train_flops
 
@@ -88,8 +89,8 @@ def useful_flops(trainer: Trainer, batch: TensorDict, sft: TensorDict | None) ->
         if part is None:
             continue
         lengths = part["attention_mask"].sum(-1).tolist()
-        head = int(part["loss_mask"].sum()) if trainer.masked_head else None
-        flops += train_flops(trainer.policy, lengths, head)
+        head = int(part["loss_mask"].sum()) if trainer.run.masked_head else None
+        flops += train_flops(trainer.run.policy, lengths, head)
     return flops
 
 
@@ -97,22 +98,22 @@ def bare_forward_backward(trainer: Trainer, batches: Sequence[tuple[TensorDict, 
     """Time forward + cross-entropy + backward of the trainer's model over the given micro-batches.
 
     Args:
-        trainer: Supplies the model, device and autocast setting.
+        trainer: The learner: its autocast setting, and its run's model and device.
         batches: (padded batch, micro-batches of its row indices) pairs.
 
     Returns:
         (seconds, real tokens processed). Gradients are discarded.
     """
-    model = trainer.policy
+    model = trainer.run.policy
     model.train()
     tokens = 0
-    trainer.optimizer.zero_grad(set_to_none=True)
-    if trainer.device.type == "cuda":
+    trainer.run.optimizer.zero_grad(set_to_none=True)
+    if trainer.run.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for batch, groups in batches:
         for rows in groups:
-            part = trim_rows(batch, rows, trainer.device)
+            part = trim_rows(batch, rows, trainer.run.device)
             ids, attn = part["input_ids"], part["attention_mask"]  # (n, L)
             with trainer.autocast():
                 logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, L, V)
@@ -120,10 +121,10 @@ def bare_forward_backward(trainer: Trainer, batches: Sequence[tuple[TensorDict, 
                 loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
             loss.backward()
             tokens += int(attn.sum())
-    if trainer.device.type == "cuda":
+    if trainer.run.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.run.optimizer.zero_grad(set_to_none=True)
     model.eval()
     return seconds, tokens
 
@@ -134,17 +135,17 @@ def trainer_forward_backward(trainer: Trainer, batch: TensorDict, sft: TensorDic
     Returns:
         Seconds. Gradients are discarded.
     """
-    trainer.policy.train()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    if trainer.device.type == "cuda":
+    trainer.run.policy.train()
+    trainer.run.optimizer.zero_grad(set_to_none=True)
+    if trainer.run.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     trainer.accumulate_gradients(batch, sft, sft_coef)
-    if trainer.device.type == "cuda":
+    if trainer.run.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    trainer.optimizer.zero_grad(set_to_none=True)
-    trainer.policy.eval()
+    trainer.run.optimizer.zero_grad(set_to_none=True)
+    trainer.run.policy.eval()
     return seconds
 
 
@@ -180,7 +181,8 @@ def measure(config: Config, repeats: int) -> Measured:
     The targets compare full-gradient passes; the gradient through the model's own tokens only
     (``--no-context-grad``) is timed beside them on the same batch.
     """
-    trainer = Trainer(config)
+    run = TrainingRun(config)
+    trainer = run.learner  # the GRPO family's learner: its passes are timed
     try:
         warm_up = trainer.collect_rollouts()  # first-call allocations, lazy initialisation
         trainer.update(warm_up)
@@ -191,14 +193,14 @@ def measure(config: Config, repeats: int) -> Measured:
         batches = [(batch, trainer.rl_micro_batches(batch))]
         sft_lengths: list[list[int]] = []
         if "loss_sft" in metrics:
-            sft = trainer.sft_minibatch(trainer.step - 1)
+            sft = trainer.sft_minibatch(run.step - 1)
             batches.append(
                 (sft, micro_batches(sft["attention_mask"].sum(-1).tolist(), config.optim.micro_batch_tokens))
             )
-            demo_lengths = [len(demo.token_ids) for demo in trainer.demos]
+            demo_lengths = [len(demo.token_ids) for demo in run.demos]
             sft_lengths = [[demo_lengths[i] for i in trainer.sft_indices(step)] for step in range(SFT_STEPS)]
         sft_coef = metrics.get("sft/weight", 1.0) * config.sft.sft_coef
-        peak = matmul_peak(trainer.policy)["peak"] if trainer.device.type == "cpu" else None
+        peak = matmul_peak(run.policy)["peak"] if run.device.type == "cpu" else None
         full, narrow = config.with_values(context_grad=True), config.with_values(context_grad=False)
         seconds: dict[str, list[float]] = {"bare": [], "trainer": [], "earlier": [], "narrow": []}
         seconds["trainer" if config.optim.context_grad else "narrow"].append(metrics["time/forward_backward"])
@@ -214,11 +216,9 @@ def measure(config: Config, repeats: int) -> Measured:
         trainer.config = config
         flops = useful_flops(trainer, batch, sft)
         contexts = int(batch.batch_size[0])
-        return Measured(
-            metrics, contexts, rl_lengths, sft_lengths, seconds, bare_tokens, str(trainer.device), peak, flops
-        )
+        return Measured(metrics, contexts, rl_lengths, sft_lengths, seconds, bare_tokens, str(run.device), peak, flops)
     finally:
-        trainer.close()
+        run.close()
 
 
 def summarise(config: Config, measured: Measured, repeats: int) -> dict[str, Any]:

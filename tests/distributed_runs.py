@@ -30,6 +30,7 @@ from algos import distributed
 from algos.checkpoints.store import rng_state
 from algos.config import preset_config
 from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
+from algos.run.training_run import TrainingRun
 from algos.trainer import Trainer
 
 LR = 1e-4
@@ -43,35 +44,27 @@ cancel; at eps 1e-8 Adam's g / (|g| + eps) turns such a component's noise into a
 into at most ~1e-2 lr: far below the 1e-5 tolerance, while real gradients still move weights by ~lr."""
 
 
-class SmallEps:
-    """AdamW's eps at `ADAM_EPS` (every run here), mixed into a trainer class."""
+class SmallEpsRun(TrainingRun):
+    """A run with AdamW's eps at `ADAM_EPS` (every run here), training `learner` (None: its algorithm's)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: Any, learner: type[Trainer] | None = None) -> None:
+        super().__init__(config, learner=learner)
         for group in self.optimizer.param_groups:
             group["eps"] = ADAM_EPS
-
-
-class SmallEpsTrainer(SmallEps, Trainer):
-    """`algos.trainer.Trainer` with AdamW's eps at `ADAM_EPS`."""
-
-
-class SmallEpsPPO(SmallEps, PPOTrainer):
-    """`algos.ppo.PPOTrainer` with AdamW's eps at `ADAM_EPS`."""
 
 
 def _varied(trajectories: Sequence[Any]) -> list[Any]:
     return [dataclasses.replace(t, reward=float(len(t.actions[0]) % 4)) for t in trajectories]
 
 
-class VaryingRewards(SmallEpsTrainer):
-    """Rewards that differ within a group (first action's length mod 4), so GRPO's advantages are not all 0."""
+class VaryingRewards(Trainer):
+    """GRPO on rewards that differ within a group (first action's length mod 4), so GRPO's advantages are not all 0."""
 
     def make_batch(self, trajectories: Sequence[Any]) -> Any:
         return super().make_batch(_varied(trajectories))
 
 
-class VaryingRewardsPPO(SmallEpsPPO):
+class VaryingRewardsPPO(PPOTrainer):
     """PPO on the same varied rewards. With the tiny model's equal rewards the first step's advantages would be
     float noise (a KL of ~1e-8 between the sampler's and the reference's log-probs of the same weights) that
     whitening scales up to unit variance, so its result would hang on the summation order."""
@@ -80,18 +73,25 @@ class VaryingRewardsPPO(SmallEpsPPO):
         return super().make_batch(_varied(trajectories))
 
 
-class RankDraws(VaryingRewards):
+class RankDrawing(VaryingRewards):
     """`VaryingRewards` whose ranks draw a different amount from the global RNGs (torch, Python, NumPy) each step, as
-    dropout over each rank's own micro-batches would, so the ranks' streams part. Each rank's RNG states are recorded
-    where a checkpoint takes them and right after a resume, in ``<run_dir>_rng/<when>_rank<r>.pt``."""
+    dropout over each rank's own micro-batches would, so the ranks' streams part."""
 
     def train_step(self) -> dict[str, float]:
-        draws = 1 + self.world.rank
+        draws = 1 + self.run.world.rank
         torch.rand(draws)
         np.random.rand(draws)
         for _ in range(draws):
             random.random()
         return super().train_step()
+
+
+class RankDraws(SmallEpsRun):
+    """A run of `RankDrawing`. Each rank's RNG states are recorded where a checkpoint takes them and right after a
+    resume, in ``<run_dir>_rng/<when>_rank<r>.pt``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config, learner=RankDrawing)
 
     def save(self) -> Path | None:
         self._record(f"saved_step{self.step}")
@@ -139,35 +139,36 @@ def _varied_last(trajectories: Sequence[Any]) -> list[Any]:
     return [dataclasses.replace(t, reward=float(len(t.actions[-1]) % 4)) for t in trajectories]
 
 
-class TreeRewards(SmallEpsTrainer):
+class TreeRewards(Trainer):
     """Tree rollouts whose episodes search first (`SearchFirst`) and whose rewards differ by the last action's length
     mod 4: the branches of a tree share their first turn and part after it, so the within-tree advantages are not 0."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.agent.sampler = self.agent.executor_sampler = SearchFirst(self.agent.sampler)
+    def __init__(self, run: TrainingRun) -> None:
+        super().__init__(run)
+        agent = run.agent
+        agent.sampler = agent.executor_sampler = SearchFirst(agent.sampler)
 
     def make_batch(self, trajectories: Sequence[Any]) -> Any:
         return super().make_batch(_varied_last(trajectories))
 
 
-def _train(trainer: SmallEpsTrainer) -> None:
+def _train(run: TrainingRun) -> None:
     try:
-        trainer.train()
+        run.train()
     finally:
-        trainer.close()
+        run.close()
 
 
 def sft(run_dir: Path, fsdp: bool = False) -> None:
     """SFT alone, 2 steps, then the held-out evaluation (split over the ranks)."""
     config = preset_config("tiny", algo="sft", run_dir=str(run_dir), lr=LR, eval_questions=4, fsdp=fsdp)
-    _train(SmallEpsTrainer(config))
+    _train(SmallEpsRun(config))
 
 
 def grpo(run_dir: Path, fsdp: bool = False) -> None:
     """GRPO, 2 steps."""
     config = preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=fsdp)
-    _train(VaryingRewards(config))
+    _train(SmallEpsRun(config, learner=VaryingRewards))
 
 
 def grpo_tree(run_dir: Path) -> None:
@@ -175,13 +176,13 @@ def grpo_tree(run_dir: Path) -> None:
     config = preset_config(
         "tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, rollout="tree", group_size=4
     )
-    _train(TreeRewards(config))
+    _train(SmallEpsRun(config, learner=TreeRewards))
 
 
 def ppo(run_dir: Path, fsdp: bool = False) -> None:
     """PPO (its tiny preset: the query-rewrite env, 4 questions, 2 epochs per step, KL to the start), 2 steps."""
     settings = {**PPO_DEFAULTS, **PPO_PRESETS["tiny"], "algo": "ppo", "lr": LR, "value_lr": LR, "fsdp": fsdp}
-    _train(VaryingRewardsPPO(preset_config("tiny", PPOConfig, run_dir=str(run_dir), **settings)))
+    _train(SmallEpsRun(preset_config("tiny", PPOConfig, run_dir=str(run_dir), **settings), learner=VaryingRewardsPPO))
 
 
 def sft_fsdp(run_dir: Path) -> None:
@@ -227,16 +228,16 @@ def red_grpo_fsdp(run_dir: Path) -> None:
     """`red_grpo` with the model sharded (``--fsdp``): 2 steps without a stop, each checkpoint sharded. Then the
     weights of step 1's checkpoint are read back as the final model's selection does (each rank its shards), and
     written whole to ``<run_dir>_step1_reloaded.safetensors``."""
-    trainer = RankDraws(red_grpo_config(run_dir, fsdp=True))
+    run = RankDraws(red_grpo_config(run_dir, fsdp=True))
     try:
-        trainer.train()
-        trainer.load_weights(run_dir / "checkpoints" / "step_000001")
-        names = [name for name, p in trainer.policy.named_parameters() if p.requires_grad]
-        weights = distributed.full_state_dict(trainer.policy, names)  # a collective: rank 0 gets them
-        if trainer.world.is_main:
+        run.train()
+        run.load_weights(run_dir / "checkpoints" / "step_000001")
+        names = [name for name, p in run.policy.named_parameters() if p.requires_grad]
+        weights = distributed.full_state_dict(run.policy, names)  # a collective: rank 0 gets them
+        if run.world.is_main:
             save_file(weights, run_dir.with_name(run_dir.name + "_step1_reloaded.safetensors"))
     finally:
-        trainer.close()
+        run.close()
 
 
 def red_grpo_fsdp_resumed(run_dir: Path) -> None:
@@ -303,7 +304,7 @@ def checkpoint_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[int, d
 def main(out: Path, group: str = "") -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")  # one group for every run (a trainer leaves a group it did not make)
+    dist.init_process_group("gloo")  # one group for every run (a run leaves a group it did not make)
     try:
         for name, run in (SHARDED_RUNS if group == "sharded" else RUNS).items():
             run(out / name)

@@ -6,15 +6,16 @@ import json
 
 import torch
 
-from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig, ArCHerTrainer
+from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig
 from algos.config import preset_config
 from algos.presets import PRESETS
+from algos.run.training_run import TrainingRun
 from algos.value import turn_spans
 
 
-def _trainer(tmp_path, name: str, **overrides) -> ArCHerTrainer:
+def _run(tmp_path, name: str, **overrides) -> TrainingRun:
     settings = {**ARCHER_DEFAULTS, **ARCHER_PRESETS["tiny"], "algo": "archer", "run_dir": str(tmp_path / name)}
-    return ArCHerTrainer(preset_config("tiny", ArCHerConfig, **{**settings, **overrides}))
+    return TrainingRun(preset_config("tiny", ArCHerConfig, **{**settings, **overrides}))
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -43,45 +44,47 @@ def test_runs_end_to_end_and_resumes(tmp_path):
     assert summary["evaluation"]["after"]["n"] == PRESETS["tiny"]["eval_questions"]
     assert (run_dir / "eval.md").exists()
 
-    resumed = _trainer(tmp_path, "run", steps=3, resume=True)  # critic, target, optimizer and replay come back
+    resumed = _run(tmp_path, "run", steps=3, resume=True)  # critic, target, optimizer and replay come back
     try:
-        assert resumed.step == 3 and resumed.critic_steps == last["critic/updates"]
-        assert len(resumed.replay) == last["critic/replay_size"]
-        assert not _same(resumed.critic, archer.TurnCritic(resumed.critic.v[1].in_features, 32))
-        assert len(resumed.critic_optimizer.state_dict()["state"]) == len(list(resumed.critic.parameters()))
+        assert resumed.step == 3 and resumed.learner.critic_steps == last["critic/updates"]
+        assert len(resumed.learner.replay) == last["critic/replay_size"]
+        assert not _same(resumed.learner.critic, archer.TurnCritic(resumed.learner.critic.v[1].in_features, 32))
+        assert len(resumed.learner.critic_optimizer.state_dict()["state"]) == len(
+            list(resumed.learner.critic.parameters())
+        )
     finally:
         resumed.close()
 
 
 def test_critic_learns_a_fixed_batch_and_its_target_refreshes_every_n_updates(tmp_path):
-    trainer = _trainer(tmp_path, "critic", target_update_every=5, critic_lr=1e-2)
+    run = _run(tmp_path, "critic", target_update_every=5, critic_lr=1e-2)
     try:
-        episodes = trainer.collector.collect()
-        turns, places = trainer.encode_turns(episodes)
+        episodes = run.collector.collect()
+        turns, places = run.learner.encode_turns(episodes)
         assert len(places) == len(turns) and float(turns["done"].sum()) == len(episodes)
         assert turns["reward"][turns["done"] == 0].abs().sum() == 0
-        trainer.replay.push(turns)
-        sample = trainer.replay.sample(16)
+        run.learner.replay.push(turns)
+        sample = run.learner.replay.sample(16)
         losses = []
         for update in range(1, 21):
-            metrics = trainer.critic_update(sample)
+            metrics = run.learner.critic_update(sample)
             losses.append(metrics["critic/loss_q"] + metrics["critic/loss_v"])
-            assert _same(trainer.critic, trainer.target_critic) == (update % 5 == 0), update
-        assert trainer.target_updates == 4
+            assert _same(run.learner.critic, run.learner.target_critic) == (update % 5 == 0), update
+        assert run.learner.target_updates == 4
         assert losses[-1] < 0.5 * losses[0], losses
     finally:
-        trainer.close()
+        run.close()
 
 
 def test_recomputed_old_logp_logs_the_sampler_mismatch_as_the_grpo_trainer_does(tmp_path):
-    trainer = _trainer(tmp_path, "mismatch", old_logp="recompute", tis_cap=2.0)
+    run = _run(tmp_path, "mismatch", old_logp="recompute", tis_cap=2.0)
     try:
-        trajectories = trainer.collector.collect()
-        batch, metrics = trainer.make_batch(trajectories)
+        trajectories = run.collector.collect()
+        batch, metrics = run.learner.make_batch(trajectories)
         keys = {"mismatch/logp_abs_diff", "mismatch/kl", "mismatch/missing"}
         keys |= {"mismatch/tis_weight_mean", "mismatch/tis_capped_fraction"}
         assert keys <= set(metrics), sorted(metrics)
         assert metrics["mismatch/missing"] == 0.0 and metrics["mismatch/logp_abs_diff"] < 1e-3  # one model samples
         assert "is_weight" in batch.keys()
     finally:
-        trainer.close()
+        run.close()

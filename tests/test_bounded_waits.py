@@ -269,7 +269,7 @@ STALL = 600.0
 
 
 def test_a_stalled_rank_ends_the_run_within_the_collective_timeout(tmp_path):
-    """Rank 1 stops answering (it sleeps before training); rank 0 must not wait on in its first collective: it ends
+    """Rank 1 stops answering (it sleeps in its first step); rank 0 must not wait on in its first collective: it ends
     the run with one line naming --dist-timeout-seconds, about DIST_TIMEOUT after rank 1 stalled."""
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
     logs = tmp_path / "logs"
@@ -293,14 +293,14 @@ def test_a_stalled_rank_ends_the_run_within_the_collective_timeout(tmp_path):
 
 
 class _StalledRankOne:
-    """A trainer mixin whose rank 1 stops answering before its first training step (as a SIGSTOP would)."""
+    """A learner mixin whose rank 1 stops answering at its first training step (as a SIGSTOP would)."""
 
-    def train(self):
-        if self.world.rank == 1:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "stalled_at").write_text(repr(time.time()))
+    def train_step(self):
+        if self.run.world.rank == 1:
+            self.run.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run.run_dir / "stalled_at").write_text(repr(time.time()))
             time.sleep(STALL)
-        return super().train()
+        return super().train_step()
 
 
 def _stalled_run(run_dir: str, timeout: str) -> None:

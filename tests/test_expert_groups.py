@@ -11,16 +11,17 @@ import pytest
 import torch
 
 from algos.config import preset_config
-from algos.expert_groups import EXPERT_METRICS, ExpertConfig, ExpertTrainer
+from algos.expert_groups import EXPERT_METRICS, ExpertConfig
 from algos.losses import group_advantages, policy_loss
 from algos.off_policy import shaped_expert_loss, shaped_ratio
+from algos.run.training_run import TrainingRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _trainer(tmp_path, name: str, **overrides) -> ExpertTrainer:
+def _run(tmp_path, name: str, **overrides) -> TrainingRun:
     settings = {"algo": "grpo_expert", "run_dir": str(tmp_path / name), "eval_questions": 0, **overrides}
-    return ExpertTrainer(preset_config("tiny", ExpertConfig, **settings))
+    return TrainingRun(preset_config("tiny", ExpertConfig, **settings))
 
 
 def test_shaped_ratio_value_and_gradient():
@@ -72,15 +73,15 @@ def test_expert_loss_sees_only_its_mask():
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    built = _trainer(tmp_path_factory.mktemp("expert"), "groups", grounded_expansion=True)
+def run(tmp_path_factory):
+    built = _run(tmp_path_factory.mktemp("expert"), "groups", grounded_expansion=True)
     yield built
     built.close()
 
 
-def test_expert_member_advantage_is_relative_to_its_group(trainer):
-    sampled = trainer.collector.collect()
-    batch, metrics = trainer.make_batch(sampled)
+def test_expert_member_advantage_is_relative_to_its_group(run):
+    sampled = run.collector.collect()
+    batch, metrics = run.learner.make_batch(sampled)
     experts = batch["expert"]  # (N,)
     assert experts.any() and not experts.all()
     assert batch["loss_mask"][experts].any()
@@ -101,10 +102,10 @@ def test_expert_member_advantage_is_relative_to_its_group(trainer):
 
     # the micro-batch's terms: the clipped loss on the sampled tokens, the shaped one on the expert tokens
     num_tokens = float(batch["loss_mask"].sum())
-    part = trainer._rows(batch, range(batch.batch_size[0]))
+    part = run.learner._rows(batch, range(batch.batch_size[0]))
     with torch.no_grad():
-        terms = trainer.rl_loss_terms(part, num_tokens)
-        logp, _ = trainer._logprobs(trainer.policy, part)
+        terms = run.learner.rl_loss_terms(part, num_tokens)
+        logp, _ = run.learner._logprobs(run.policy, part)
     mask, rows = part["loss_mask"], part["expert"].unsqueeze(-1)
     want_pg = policy_loss(logp, part["old_logp"], part["adv"], mask & ~rows, num_tokens=num_tokens)["loss_pg"]
     want_expert = shaped_expert_loss(logp, part["adv"], mask & rows, 0.1, num_tokens=num_tokens)["loss_expert"]
@@ -113,17 +114,17 @@ def test_expert_member_advantage_is_relative_to_its_group(trainer):
     assert terms["loss_expert"].item() < 0  # positive advantages on the expert tokens
 
 
-def test_grounded_expansion_resamples_from_full_evidence_and_replaces_the_worst(trainer):
-    envs = trainer.collector.envs
+def test_grounded_expansion_resamples_from_full_evidence_and_replaces_the_worst(run):
+    envs = run.collector.envs
     # the oracle's episodes of questions 2 and 3 stand in for a group's best: every gold title shown after the
     # second search (question 2) and after the first (question 3); question 6's show half of them
-    oracle = {q: trainer.oracle.rollout(envs[:1], [q], [q], seed=0)[0] for q in (2, 3, 6)}
-    assert [trainer.evidence_point(oracle[q], envs[0]) for q in (2, 3, 6)] == [2, 1, None]
-    sampled = trainer.agent.rollout(envs[:2], [2, 3], [2, 3], seed=0)
-    assert all(trainer.evidence_point(t, envs[0]) is None for t in sampled)  # the untrained model never searches
+    oracle = {q: run.learner.oracle.rollout(envs[:1], [q], [q], seed=0)[0] for q in (2, 3, 6)}
+    assert [run.learner.evidence_point(oracle[q], envs[0]) for q in (2, 3, 6)] == [2, 1, None]
+    sampled = run.agent.rollout(envs[:2], [2, 3], [2, 3], seed=0)
+    assert all(run.learner.evidence_point(t, envs[0]) is None for t in sampled)  # the untrained model never searches
     worse = dataclasses.replace(sampled[0], reward=-100.0)  # any continuation beats it
     better = dataclasses.replace(sampled[1], reward=100.0)  # none beats it
-    episodes, counts = trainer.expand([oracle[2], worse, oracle[3], better])
+    episodes, counts = run.learner.expand([oracle[2], worse, oracle[3], better])
     assert counts["expansion_groups"] == 2 and counts["expansion_replaced"] == 1
     assert episodes[0] is oracle[2] and episodes[2:] == [oracle[3], better]
     continuation = episodes[1]
@@ -158,7 +159,7 @@ def test_runs_end_to_end_logs_expert_metrics_and_resumes(tmp_path):
     assert first["train/grad_norm"] > 0
     assert math.isfinite(first["train/rl_entropy"]) and first["train/rl_entropy"] > 1  # the sampled tokens' only
 
-    resumed = _trainer(tmp_path, "run", steps=3, resume=True, grounded_expansion=True)
+    resumed = _run(tmp_path, "run", steps=3, resume=True, grounded_expansion=True)
     try:
         assert resumed.step == 2
         resumed.train()

@@ -98,7 +98,6 @@ def test_the_count_and_the_check():
 def test_the_trainers_held_out_scoring_fails_and_the_entry_point_says_so_in_one_line(tmp_path, monkeypatch, capsys):
     import agents.evaluation
     from algos.config import preset_config
-    from algos.registry import Algorithm, register_algorithm
     from algos.run import launch
     from algos.run.evaluation import score_held_out
 
@@ -116,7 +115,7 @@ def test_the_trainers_held_out_scoring_fails_and_the_entry_point_says_so_in_one_
     )
     assert score_held_out("a model", tolerant)["errors"]["episodes"] == 3  # --max-eval-error-rate 1: reported, kept
 
-    class Trainer:  # a run whose held-out evaluation meets a dead retrieval server
+    class DeadRetrieverRun:  # a run whose held-out evaluation meets a dead retrieval server
         def __init__(self, config):
             self.config = config
 
@@ -126,9 +125,9 @@ def test_the_trainers_held_out_scoring_fails_and_the_entry_point_says_so_in_one_
         def close(self):
             pass
 
-    register_algorithm(Algorithm("dead_retriever", learner=Trainer), replace=True)
+    monkeypatch.setattr(launch, "TrainingRun", DeadRetrieverRun)
     with pytest.raises(SystemExit) as stopped:
-        launch.main(["--preset", "tiny", "--run-dir", str(tmp_path / "run")], algo="dead_retriever")
+        launch.main(["--preset", "tiny", "--run-dir", str(tmp_path / "run")], algo="grpo")
     assert stopped.value.code == 1
     [line] = _error_lines(capsys.readouterr().err)
     assert "3 of 3 episodes (100%)" in line and "ConnectError: refused" in line

@@ -19,16 +19,16 @@ from agents.search_agents import SearchR1Agent
 from algos.config import preset_config
 from algos.run.evaluation import before_after, moving_average, plot_curves
 from algos.run.threads import busy_cores, cpu_threads
+from algos.run.training_run import TrainingRun
 from algos.sft_data import demonstrations_cache_path, read_demonstrations
-from algos.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _greedy_first_actions(trainer: Trainer, indices: list[int]) -> list[dict]:
-    """The infos of each question's first step when the trainer's policy acts greedily in the training env."""
-    cfg = trainer.config
-    sampler = HFSampler(trainer.policy, trainer.tokenizer, max_context=cfg.model.max_context_tokens)
+def _greedy_first_actions(run: TrainingRun, indices: list[int]) -> list[dict]:
+    """The infos of each question's first step when the run's policy acts greedily in the training env."""
+    cfg = run.config
+    sampler = HFSampler(run.policy, run.tokenizer, max_context=cfg.model.max_context_tokens)
     agent = SearchR1Agent(sampler, SamplingParams(max_new_tokens=64, temperature=0.0))
     env_list = [gym.make(cfg.env.env_id, **cfg.env_kwargs) for _ in indices]
     trajectories = agent.rollout(env_list, indices, seed=0)
@@ -46,19 +46,19 @@ def test_tiny_model_learns_its_demonstrations_and_acts_validly(tmp_path):
     config = preset_config(
         "tiny", algo="sft", run_dir=str(tmp_path / "run"), steps=40, lr=3e-3, sft_num_demos=16, sft_batch_size=4
     )
-    trainer = Trainer(config)
+    run = TrainingRun(config)
     try:
-        records = [json.loads(line) for line in demonstrations_cache_path(config, trainer.tokenizer).open()]
+        records = [json.loads(line) for line in demonstrations_cache_path(config, run.tokenizer).open()]
         kept = [r for r in records if r["grounded"] and r["f1"] > 0]
         yes_no = {a: [r["index"] for r in kept if r["answer"].strip().lower() == a] for a in ("yes", "no")}
         balanced = min(len(v) for v in yes_no.values())  # the loader drops the surplus of yes or no answers
         indices = sorted({r["index"] for r in kept} - {i for v in yes_no.values() for i in v[balanced:]})
-        assert len(indices) == len(trainer.demos) >= 2
-        before = _greedy_first_actions(trainer, indices)
-        nll = [m["sft/nll"] for m in trainer.steps()]
-        after = _greedy_first_actions(trainer, indices)
+        assert len(indices) == len(run.demos) >= 2
+        before = _greedy_first_actions(run, indices)
+        nll = [m["sft/nll"] for m in run.steps()]
+        after = _greedy_first_actions(run, indices)
     finally:
-        trainer.close()
+        run.close()
     assert nll[0] > 5.0 and nll[-1] < 0.2, (nll[0], nll[-1])
     assert all(info["invalid_action"] for info in before)
     assert not any(info["invalid_action"] for info in after)
@@ -68,11 +68,11 @@ def test_tiny_model_learns_its_demonstrations_and_acts_validly(tmp_path):
 def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, monkeypatch):
     monkeypatch.setenv("REDCODA_CACHE", str(tmp_path / "cache"))
     config = preset_config("tiny", algo="red_grpo", run_dir=str(tmp_path / "run"), eval_questions=3)
-    trainer = Trainer(config)
+    run = TrainingRun(config)
     try:
-        summary = trainer.train()
+        summary = run.train()
     finally:
-        trainer.close()
+        run.close()
     evaluation = summary["evaluation"]
     assert evaluation["settings"]["env_kwargs"] == {**config.env_kwargs, "split": "dev"}
     assert evaluation["settings"]["max_new_tokens"] == config.rl.max_new_tokens
@@ -84,14 +84,14 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
             assert interval["low"] <= interval["mean"] <= interval["high"] and interval["n"] == 3
         for prediction in result["predictions"]:  # the training env's turn limit, not the evaluator's default
             assert prediction["num_actions"] <= config.env.max_turns
-    run = tmp_path / "run"
-    assert "before (start)" in (run / "eval.md").read_text() and "after (trained)" in evaluation["table"]
-    assert json.loads((run / "eval.json").read_text())["after"]["n"] == 3
+    run_dir = tmp_path / "run"
+    assert "before (start)" in (run_dir / "eval.md").read_text() and "after (trained)" in evaluation["table"]
+    assert json.loads((run_dir / "eval.json").read_text())["after"]["n"] == 3
     # the first-search split of the trained model's 3 questions, under the table (dev 0-2: none is yes/no)
-    split = json.loads((run / "eval.json").read_text())["first_search"]
+    split = json.loads((run_dir / "eval.json").read_text())["first_search"]
     assert split["shown"]["n"] + split["not shown"]["n"] == 3 and split["yes/no"]["n"] == 0
-    assert "Reading or searching" in (run / "eval.md").read_text()
-    assert (run / "curves.png").stat().st_size > 1000
+    assert "Reading or searching" in (run_dir / "eval.md").read_text()
+    assert (run_dir / "curves.png").stat().st_size > 1000
     cached = list((tmp_path / "cache" / "eval").glob("start-*.json"))
     assert len(cached) == 1  # the starting model's scores, reused by the next run with these settings
     assert json.loads(cached[0].read_text())["metrics"] == evaluation["before"]["metrics"]
@@ -100,11 +100,11 @@ def test_a_run_ends_with_the_before_after_table_in_its_training_env(tmp_path, mo
     stale = json.loads(cached[0].read_text())
     stale["metrics"] = {name: {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 3} for name in stale["metrics"]}
     cached[0].write_text(json.dumps(stale))
-    trainer = Trainer(config.with_values(run_dir=str(tmp_path / "next-run")))
+    run = TrainingRun(config.with_values(run_dir=str(tmp_path / "next-run")))
     try:
-        again = before_after(trainer)
+        again = before_after(run)
     finally:
-        trainer.close()
+        run.close()
     assert again["before"]["metrics"] == evaluation["before"]["metrics"]
 
 
@@ -122,12 +122,12 @@ def test_the_starting_models_cached_scores_serve_every_seed_of_a_fixed_model(tmp
 
 def test_training_time_budget_stops_the_run_between_steps(tmp_path):
     config = preset_config("tiny", algo="grpo", run_dir=str(tmp_path / "run"), steps=5, max_train_minutes=1e-9)
-    trainer = Trainer(config)
+    run = TrainingRun(config)
     try:
-        done = list(trainer.steps())
+        done = list(run.steps())
     finally:
-        trainer.close()
-    assert len(done) == 1 and trainer.stopped_early  # a step always runs; the next would pass the budget
+        run.close()
+    assert len(done) == 1 and run.stopped_early  # a step always runs; the next would pass the budget
 
 
 def test_tied_rollouts_shrink_the_next_batch_to_the_probe(tmp_path):
@@ -136,12 +136,12 @@ def test_tied_rollouts_shrink_the_next_batch_to_the_probe(tmp_path):
     config = preset_config(
         "tiny", algo="red_grpo", run_dir=str(tmp_path / "run"), steps=3, questions_per_step=2, tie_probe_questions=1
     )
-    trainer = Trainer(config)
+    run = TrainingRun(config)
     try:
-        metrics = list(trainer.steps())
-        assert trainer.last_step_tied  # the last step's groups tied too
+        metrics = list(run.steps())
+        assert run.learner.last_step_tied  # the last step's groups tied too
     finally:
-        trainer.close()
+        run.close()
     assert [m["train/questions"] for m in metrics] == [2, 1, 1]
     assert all(m["critic/rewards/min"] == m["critic/rewards/max"] for m in metrics)
 

@@ -16,7 +16,7 @@ from agents.collate import collate_trajectories
 from algos.batch import micro_batches
 from algos.config import preset_config
 from algos.losses import sft_loss, total_loss
-from algos.trainer import Trainer
+from algos.run.training_run import TrainingRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -71,7 +71,7 @@ def test_the_earlier_grouping_padded_more_on_spread_lengths():
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
+def run(tmp_path_factory):
     config = preset_config(
         "tiny",
         run_dir=str(tmp_path_factory.mktemp("micro") / "run"),
@@ -79,64 +79,64 @@ def trainer(tmp_path_factory):
         skip_zero_advantage=False,
         sft_batch_size=4,
     )
-    trainer = Trainer(config)
-    yield trainer
-    trainer.close()
+    run = TrainingRun(config)
+    yield run
+    run.close()
 
 
-def grads(trainer: Trainer) -> torch.Tensor:
-    return torch.cat([p.grad.flatten() for p in trainer.trainable if p.grad is not None])
+def grads(run: TrainingRun) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in run.trainable if p.grad is not None])
 
 
-def test_rl_loss_and_gradients_equal_one_padded_batch(trainer):
-    trajectories = trainer.collector.collect()
+def test_rl_loss_and_gradients_equal_one_padded_batch(run):
+    trajectories = run.collector.collect()
     adv = torch.linspace(-1.0, 1.0, len(trajectories))  # (B,): every context carries signal
-    batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id)
+    batch = collate_trajectories(trajectories, pad_token_id=run.pad_id)
     batch["adv"] = adv[batch["episode_id"]]
     num_tokens = float(batch["loss_mask"].sum())
-    trainer.policy.train()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    padded = trainer._rows(batch, list(range(batch.batch_size[0])))  # one micro-batch, padded to the longest
-    terms = trainer.rl_loss_terms(padded, num_tokens)
+    run.policy.train()
+    run.optimizer.zero_grad(set_to_none=True)
+    padded = run.learner._rows(batch, list(range(batch.batch_size[0])))  # one micro-batch, padded to the longest
+    terms = run.learner.rl_loss_terms(padded, num_tokens)
     total_loss(terms).backward()
-    reference, reference_loss = grads(trainer), float(terms["loss_pg"].detach())
+    reference, reference_loss = grads(run), float(terms["loss_pg"].detach())
 
     lengths = batch["attention_mask"].sum(-1).tolist()
-    config = trainer.config
+    config = run.config
     for budget in (config.optim.micro_batch_tokens, 2 * max(lengths)):  # the preset's budget, and about 2 rows each
-        trainer.config = config.with_values(micro_batch_tokens=budget)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        metrics = trainer._rl_backward(batch)
-        parts = trainer.rl_micro_batches(batch)  # the micro-batches that backward ran
+        run.learner.config = config.with_values(micro_batch_tokens=budget)
+        run.optimizer.zero_grad(set_to_none=True)
+        metrics = run.learner._rl_backward(batch)
+        parts = run.learner.rl_micro_batches(batch)  # the micro-batches that backward ran
         pad, total = padding(lengths, parts)
         assert pad <= 0.05 * total
         assert metrics["loss_pg"] == pytest.approx(reference_loss, rel=1e-6, abs=1e-6)
-        torch.testing.assert_close(grads(trainer), reference, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(grads(run), reference, rtol=1e-4, atol=1e-6)
     assert len(parts) > 1
-    trainer.config = config
-    trainer.optimizer.zero_grad(set_to_none=True)
+    run.learner.config = config
+    run.optimizer.zero_grad(set_to_none=True)
 
 
-def test_sft_loss_and_gradients_equal_one_padded_batch(trainer):
-    sft = trainer.sft_minibatch(0)
+def test_sft_loss_and_gradients_equal_one_padded_batch(run):
+    sft = run.learner.sft_minibatch(0)
     lengths = sft["attention_mask"].sum(-1).tolist()
-    config = trainer.config
-    trainer.config = config.with_values(micro_batch_tokens=max(lengths))  # rows of unequal length apart
-    groups = micro_batches(lengths, trainer.config.optim.micro_batch_tokens)
+    config = run.config
+    run.learner.config = config.with_values(micro_batch_tokens=max(lengths))  # rows of unequal length apart
+    groups = micro_batches(lengths, run.config.optim.micro_batch_tokens)
     assert len(groups) > 1 and len(set(lengths)) > 1
     num_tokens = float(sft["loss_mask"].sum())
     coef = 0.7
-    trainer.policy.train()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    padded = trainer._rows(sft, list(range(len(lengths))))
-    logp, _ = trainer._logprobs(trainer.policy, padded, with_entropy=True)
+    run.policy.train()
+    run.optimizer.zero_grad(set_to_none=True)
+    padded = run.learner._rows(sft, list(range(len(lengths))))
+    logp, _ = run.learner._logprobs(run.policy, padded, with_entropy=True)
     nll = sft_loss(logp, padded["loss_mask"], num_tokens=num_tokens)
     (coef * nll).backward()
-    reference = grads(trainer)
+    reference = grads(run)
 
-    trainer.optimizer.zero_grad(set_to_none=True)
-    metrics = trainer._sft_backward(sft, coef)
+    run.optimizer.zero_grad(set_to_none=True)
+    metrics = run.learner._sft_backward(sft, coef)
     assert metrics["loss_sft"] == pytest.approx(coef * float(nll.detach()), rel=1e-6, abs=1e-6)  # fp32 sums
-    torch.testing.assert_close(grads(trainer), reference, rtol=1e-4, atol=1e-6)
-    trainer.config = config
-    trainer.optimizer.zero_grad(set_to_none=True)
+    torch.testing.assert_close(grads(run), reference, rtol=1e-4, atol=1e-6)
+    run.learner.config = config
+    run.optimizer.zero_grad(set_to_none=True)

@@ -14,19 +14,20 @@ import pytest
 import torch
 
 from algos.config import QUERY_REWRITE_ENV, preset_config
-from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer, token_rewards
+from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, token_rewards
+from algos.run.training_run import TrainingRun
 from algos.value import episode_gae, gae, value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _trainer(tmp_path, name: str, **overrides) -> PPOTrainer:
+def _run(tmp_path, name: str, **overrides) -> TrainingRun:
     settings = {**PPO_DEFAULTS, **PPO_PRESETS["tiny"], "algo": "ppo", "run_dir": str(tmp_path / name), **overrides}
-    return PPOTrainer(preset_config("tiny", PPOConfig, **settings))
+    return TrainingRun(preset_config("tiny", PPOConfig, **settings))
 
 
-def _params(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
-    named = [*trainer.policy.named_parameters(), *(("v." + n, p) for n, p in trainer.value_head.named_parameters())]
+def _params(run: TrainingRun) -> dict[str, torch.Tensor]:
+    named = [*run.policy.named_parameters(), *(("v." + n, p) for n, p in run.learner.value_head.named_parameters())]
     return {name: p.detach().clone() for name, p in named}
 
 
@@ -86,40 +87,40 @@ def test_value_loss_clipping():
 
 
 def test_one_step_changes_the_policy_and_the_value_head(tmp_path):
-    trainer = _trainer(tmp_path, "step", steps=1)
+    run = _run(tmp_path, "step", steps=1)
     try:
-        assert trainer.config.env.env_id == QUERY_REWRITE_ENV
-        trajectories = trainer.collector.collect()
-        batch, _ = trainer.make_batch(trajectories)
+        assert run.config.env.env_id == QUERY_REWRITE_ENV
+        trajectories = run.collector.collect()
+        batch, _ = run.learner.make_batch(trajectories)
         mask = batch["loss_mask"]
         for row, traj in enumerate(trajectories):  # the loss sees exactly the sampled action
             sampled = batch["input_ids"][row, 1:][mask[row]].tolist()
-            assert trainer.tokenizer.decode(sampled) == traj.actions[0]
+            assert run.tokenizer.decode(sampled) == traj.actions[0]
         assert batch["adv"].shape == mask.shape and batch["adv"][~mask].abs().sum() == 0
         assert float(batch["adv"][mask].mean()) == pytest.approx(0.0, abs=1e-5)  # whitened
-        before = _params(trainer)
-        metrics = trainer.train_step()
-        after = _params(trainer)
+        before = _params(run)
+        metrics = run.learner.train_step()
+        after = _params(run)
     finally:
-        trainer.close()
+        run.close()
     changed = {name for name in before if not torch.equal(before[name], after[name])}
     assert {"v.proj.weight", "v.proj.bias"} <= changed
     assert len(changed) == len(before)
     for key in ("loss_pg", "loss_value", "rl/kl_to_ref", "critic/explained_variance", "env/recall_at_k"):
         assert key in metrics, key
     assert metrics["loss_value"] > 0
-    assert set(trainer.progress_fields(metrics)) == {"reward", "ev"}  # no answer F1, no SFT weight to show
+    assert set(run.learner.progress_fields(metrics)) == {"reward", "ev"}  # no answer F1, no SFT weight to show
 
 
 def test_resume_reproduces_the_next_step(tmp_path):
     """2 straight steps == 1 step, save, scrambled process state, resume, 1 step (value head and its AdamW too)."""
-    straight = _trainer(tmp_path, "straight", steps=2, save_every=0)
+    straight = _run(tmp_path, "straight", steps=2, save_every=0)
     try:
         straight_metrics = list(straight.steps())
         expected = _params(straight)
     finally:
         straight.close()
-    first = _trainer(tmp_path, "resumed", steps=1, save_every=0)
+    first = _run(tmp_path, "resumed", steps=1, save_every=0)
     try:
         list(first.steps())
         first.save()
@@ -128,7 +129,7 @@ def test_resume_reproduces_the_next_step(tmp_path):
     random.seed(12345)
     np.random.seed(12345)
     torch.manual_seed(12345)
-    resumed = _trainer(tmp_path, "resumed", steps=2, resume=True)
+    resumed = _run(tmp_path, "resumed", steps=2, resume=True)
     try:
         assert resumed.step == 1
         resumed_metrics = list(resumed.steps())

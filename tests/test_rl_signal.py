@@ -12,8 +12,8 @@ from agents.collate import collate_trajectories
 from agents.records import Generation, SearchTurn, Trajectory
 from algos.config import preset_config
 from algos.dynamic_sampling import signal_groups, signal_rows
+from algos.run.training_run import TrainingRun
 from algos.search_credit import search_advantages, search_rewards, token_advantages
-from algos.trainer import Trainer
 
 
 def _generation(sampled: list[tuple[int, int]], length: int, role: str = "executor") -> Generation:
@@ -83,37 +83,37 @@ def test_signal_groups_and_rows():
     assert signal_rows(batch).tolist() == [False, False, True]
 
 
-def _trainer(tmp_path, name: str, **overrides) -> Trainer:
-    return Trainer(preset_config("tiny", run_dir=str(tmp_path / name), **overrides))
+def _run(tmp_path, name: str, **overrides) -> TrainingRun:
+    return TrainingRun(preset_config("tiny", run_dir=str(tmp_path / name), **overrides))
 
 
 def test_an_episode_records_each_search_turn_where_its_tokens_are(tmp_path):
     """The real CoDA oracle through the real env: every search turn's span decodes to the search it made."""
     from algos.sft_data import oracle_agent
 
-    trainer = _trainer(tmp_path, "oracle", algo="grpo", protocol="coda")
+    run = _run(tmp_path, "oracle", algo="grpo", protocol="coda")
     try:
-        agent = oracle_agent(trainer.config, trainer.tokenizer)
-        envs = trainer.collector.envs[:2]
+        agent = oracle_agent(run.config, run.tokenizer)
+        envs = run.collector.envs[:2]
         (episode, _) = agent.rollout(envs, [0, 1], seed=0)
     finally:
-        trainer.close()
+        run.close()
     assert episode.searches and [s.position for s in episode.searches] == list(range(1, len(episode.searches) + 1))
     for search in episode.searches:
         generation = episode.generations[search.generation]
         assert generation.role == "executor" and all(generation.loss_mask[search.start : search.end])
-        text = trainer.tokenizer.decode(generation.token_ids[search.start : search.end])
+        text = run.tokenizer.decode(generation.token_ids[search.start : search.end])
         assert "<search>" in text and text.rstrip().endswith("</search>")
     assert sum(s.new_gold_titles for s in episode.searches) == round(episode.info["recall"] * 2)
 
 
 @pytest.mark.parametrize("norm", ["all", "signal"])
 def test_the_trainer_logs_each_terms_gradient_norm_and_the_share_of_rows_with_a_signal(tmp_path, norm):
-    trainer = _trainer(tmp_path, norm, algo="red_grpo", steps=1, pg_token_norm=norm, advantage_std_scale=False)
+    run = _run(tmp_path, norm, algo="red_grpo", steps=1, pg_token_norm=norm, advantage_std_scale=False)
     try:
-        metrics = trainer.train_step()
+        metrics = run.learner.train_step()
     finally:
-        trainer.close()
+        run.close()
     assert metrics["rl/grad_norm"] >= 0 and metrics["sft/grad_norm"] > 0
     assert 0 <= metrics["rl/signal_rows"] <= 1
     assert metrics["train/grad_norm"] <= metrics["rl/grad_norm"] + metrics["sft/grad_norm"] + 1e-4  # triangle
@@ -123,27 +123,27 @@ def test_the_signal_normaliser_divides_by_the_tokens_of_rows_with_an_advantage(t
     """pg_token_norm=signal: the same policy-gradient loss times (all sampled tokens / tokens of signal rows)."""
     losses = {}
     for norm in ("all", "signal"):
-        trainer = _trainer(tmp_path, f"n-{norm}", algo="grpo", pg_token_norm=norm)
+        run = _run(tmp_path, f"n-{norm}", algo="grpo", pg_token_norm=norm)
         try:
-            batch = collate_trajectories(trainer.collector.collect(), pad_token_id=trainer.pad_id)
+            batch = collate_trajectories(run.collector.collect(), pad_token_id=run.pad_id)
             batch["adv"] = torch.zeros(batch.batch_size[0])
             batch["adv"][0] = 1.0  # one context carries a signal
-            metrics = trainer._rl_backward(batch)
+            metrics = run.learner._rl_backward(batch)
             losses[norm] = metrics["loss_pg"]
             ratio = float(batch["loss_mask"].sum()) / float(batch["loss_mask"][0].sum())
         finally:
-            trainer.close()
+            run.close()
     assert losses["all"] != 0 and losses["signal"] == pytest.approx(losses["all"] * ratio, rel=1e-4)
 
 
 def test_unscaled_advantages_keep_the_reward_gap(tmp_path):
     """--no-advantage-std-scale (Dr. GRPO) end to end: the batch's advantages are reward minus the group mean."""
-    trainer = _trainer(tmp_path, "drgrpo", algo="grpo", advantage_std_scale=False)
+    run = _run(tmp_path, "drgrpo", algo="grpo", advantage_std_scale=False)
     try:
-        trajectories = trainer.collector.collect()
-        batch, _ = trainer.make_batch(trajectories)
+        trajectories = run.collector.collect()
+        batch, _ = run.learner.make_batch(trajectories)
     finally:
-        trainer.close()
+        run.close()
     rewards = torch.tensor([t.reward for t in trajectories])
     means = {g: rewards[[i for i, t in enumerate(trajectories) if t.group_id == g]].mean() for g in {0, 1}}
     expected = torch.stack([rewards[i] - means[t.group_id] for i, t in enumerate(trajectories)])
@@ -153,12 +153,12 @@ def test_unscaled_advantages_keep_the_reward_gap(tmp_path):
 def test_dynamic_sampling_replays_new_questions_for_tied_groups_and_counts_the_cost(tmp_path):
     """A tiny random model ties nearly every group: with --max-resample-batches 2 the step plays up to 2 more batches
     (of only the missing questions), keeps groups with a signal when any, and logs every episode it played."""
-    trainer = _trainer(tmp_path, "ds", algo="grpo", steps=1, max_resample_batches=2, search_credit=1.0)
+    run = _run(tmp_path, "ds", algo="grpo", steps=1, max_resample_batches=2, search_credit=1.0)
     try:
-        metrics = trainer.train_step()
-        batches = trainer.collector.batches_done
+        metrics = run.learner.train_step()
+        batches = run.collector.batches_done
     finally:
-        trainer.close()
+        run.close()
     assert 0 <= metrics["train/resample_batches"] <= 2 and batches == 1 + metrics["train/resample_batches"]
     assert metrics["train/episodes"] >= 4 and metrics["train/groups_kept"] >= 1
     if metrics["train/resample_batches"] < 2:  # it stopped early: the kept groups all carry a signal

@@ -7,7 +7,7 @@ import torch
 
 from algos.config import preset_config
 from algos.run import memory
-from algos.trainer import Trainer
+from algos.run.training_run import TrainingRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -28,11 +28,11 @@ def _qwen25_3b_config():
     )
 
 
-def _step(tmp_path, name: str, **overrides) -> tuple[Trainer, dict[str, float], int]:
-    """One GRPO + SFT step of the tiny preset; returns the trainer, its metrics and decoder-layer forward calls."""
-    trainer = Trainer(preset_config("tiny", algo="grpo_sft", steps=1, run_dir=str(tmp_path / name), **overrides))
+def _step(tmp_path, name: str, **overrides) -> tuple[TrainingRun, dict[str, float], int]:
+    """One GRPO + SFT step of the tiny preset; returns the run, its metrics and decoder-layer forward calls."""
+    run = TrainingRun(preset_config("tiny", algo="grpo_sft", steps=1, run_dir=str(tmp_path / name), **overrides))
     calls = []
-    mlp = trainer.policy.model.layers[0].mlp
+    mlp = run.policy.model.layers[0].mlp
     forward = mlp.forward
 
     def counted(*args, **kwargs):  # counts forward runs, the backward's recomputations included (hooks skip those)
@@ -40,8 +40,8 @@ def _step(tmp_path, name: str, **overrides) -> tuple[Trainer, dict[str, float], 
         return forward(*args, **kwargs)
 
     mlp.forward = counted
-    metrics = trainer.train_step()
-    return trainer, metrics, sum(calls)
+    metrics = run.learner.train_step()
+    return run, metrics, sum(calls)
 
 
 def test_gradient_checkpointing_recomputes_and_gives_the_same_update(tmp_path):
@@ -64,21 +64,21 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_update(tmp_path):
 
 
 def test_bfloat16_weights_train_and_save(tmp_path):
-    trainer = Trainer(preset_config("tiny", algo="grpo_sft", steps=1, param_dtype="bfloat16", run_dir=str(tmp_path)))
+    run = TrainingRun(preset_config("tiny", algo="grpo_sft", steps=1, param_dtype="bfloat16", run_dir=str(tmp_path)))
     try:
-        before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
         assert all(p.dtype == torch.bfloat16 for p in before.values())
-        trainer.train_step()
-        states = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
+        run.learner.train_step()
+        states = [v for s in run.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim]
         assert states and all(v.dtype == torch.bfloat16 for v in states)  # AdamW's moments follow the weights
-        changed = {n for n, p in trainer.policy.named_parameters() if not torch.equal(p, before[n])}
+        changed = {n for n, p in run.policy.named_parameters() if not torch.equal(p, before[n])}
         matrices = {n for n, p in before.items() if p.ndim == 2}
         # every matrix moves; a norm's weights of about 1 may not: lr 1e-3 is below bfloat16's step there (2^-7),
         # the documented cost of bfloat16 weights
         assert matrices <= changed
-        final = trainer.save_final_model()
+        final = run.save_final_model()
     finally:
-        trainer.close()
+        run.close()
     from transformers import AutoModelForCausalLM
 
     saved = AutoModelForCausalLM.from_pretrained(final)

@@ -143,23 +143,23 @@ def test_a_sharded_checkpoint_resumes_in_one_process(runs, tmp_path, one_torch_t
     run_dir = tmp_path / "red"
     shutil.copytree(runs / "red_grpo_fsdp_resumed_step1", run_dir)
     weights, optimizer = checkpoint_tensors(run_dir / "checkpoints" / "step_000001")
-    trainer = _resumed(run_dir)  # the checkpoint's fsdp=True may change: one process has nothing to shard
+    run = _resumed(run_dir)  # the checkpoint's fsdp=True may change: one process has nothing to shard
     try:
-        assert trainer.step == 1 and not trainer.fsdp
-        names = [name for name, p in trainer.policy.named_parameters() if p.requires_grad]
-        _assert_close({n: p.detach() for n, p in trainer.policy.named_parameters()}, {n: weights[n] for n in names}, 0)
-        _assert_close(dict(zip(names, trainer.average, strict=True)), {n: weights[f"average/{n}"] for n in names}, 0)
-        state = trainer.optimizer.state_dict()["state"]
+        assert run.step == 1 and not run.fsdp
+        names = [name for name, p in run.policy.named_parameters() if p.requires_grad]
+        _assert_close({n: p.detach() for n, p in run.policy.named_parameters()}, {n: weights[n] for n in names}, 0)
+        _assert_close(dict(zip(names, run.average, strict=True)), {n: weights[f"average/{n}"] for n in names}, 0)
+        state = run.optimizer.state_dict()["state"]
         assert state.keys() == optimizer.keys()
         for index, values in optimizer.items():
             _assert_close(state[index], values, atol=0)
         saved_groups = json.loads((run_dir / "checkpoints" / "step_000001" / "state.json").read_text())
-        assert [g["peak_lr"] for g in trainer.optimizer.param_groups] == [
+        assert [g["peak_lr"] for g in run.optimizer.param_groups] == [
             g["peak_lr"] for g in saved_groups["optimizer_groups"]
         ]
-        trainer.train()
+        run.train()
     finally:
-        trainer.close()
+        run.close()
     _assert_close(_final(run_dir), _final(runs / "red_grpo_fsdp"), atol=1e-5)
     assert [r["step"] for r in _rows(run_dir)] == [1, 2]
     assert _files(run_dir / "checkpoints" / "step_000002") == {
@@ -198,13 +198,13 @@ def _assert_falls_back(run_dir: Path, problem: str, caplog) -> None:
         assert find_latest(checkpoints) == checkpoints / "step_000001"
     assert f"step_000002 is unusable ({problem})" in caplog.text
     weights = checkpoint_tensors(checkpoints / "step_000001")[0]
-    trainer = _resumed(run_dir)
+    run = _resumed(run_dir)
     try:
-        assert trainer.step == 1
-        for name, p in trainer.policy.named_parameters():
+        assert run.step == 1
+        for name, p in run.policy.named_parameters():
             torch.testing.assert_close(p.detach(), weights[name], rtol=0, atol=0, msg=name)
     finally:
-        trainer.close()
+        run.close()
 
 
 def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(runs, tmp_path, caplog, one_torch_thread):

@@ -1,6 +1,6 @@
 """TorchRL's own ``GRPOLoss`` on our RL batch (a tiny model's real rollout) against our loss (`algos.losses`).
 
-A trainer's batch takes TorchRL's LLM keys beside ours (`agents.torchrl_layout.add_torchrl_keys`), so TorchRL's
+A run's batch takes TorchRL's LLM keys beside ours (`agents.torchrl_layout.add_torchrl_keys`), so TorchRL's
 ``GRPOLoss`` (``masking_strategy="rlhf"``, actor a ``TransformersWrapper`` around the policy in
 ``input_mode="tokens"``, no entropy bonus) reads it directly. Where the two definitions agree, the numbers agree:
 
@@ -33,7 +33,7 @@ from agents.torchrl_layout import add_torchrl_keys
 from algos.batch import token_logprobs, trim_rows
 from algos.config import preset_config
 from algos.losses import group_advantages, kl_penalty, policy_loss
-from algos.trainer import Trainer
+from algos.run.training_run import TrainingRun
 
 pytest.importorskip("torchrl.objectives.llm")
 from torchrl.modules.llm import TransformersWrapper  # noqa: E402
@@ -46,31 +46,31 @@ CLIP = (0.2, 0.28)
 
 @pytest.fixture(scope="module")
 def step(tmp_path_factory):
-    """(trainer, its first step's RL batch with made-up advantages, the policy that sampled it, a moved policy).
+    """(run, its first step's RL batch with made-up advantages, the policy that sampled it, a moved policy).
 
     The tiny model's rewards all tie (advantage 0), so the batch gets advantages of made-up episode rewards; the
     moved policy (weights plus noise) makes ratios that leave the clip window.
     """
     run_dir = tmp_path_factory.mktemp("torchrl") / "run"
-    trainer = Trainer(preset_config("tiny", run_dir=str(run_dir), clip_eps_high=0.28))
+    run = TrainingRun(preset_config("tiny", run_dir=str(run_dir), clip_eps_high=0.28))
     try:
-        rollouts = trainer.collect_rollouts()
+        rollouts = run.learner.collect_rollouts()
     finally:
-        trainer.close()
+        run.close()
     batch = rollouts.batch
     assert "tokens" not in batch.keys()  # TorchRL's keys are an export: the step reads ours only
     episodes = rollouts.episodes
     rewards = torch.arange(len(episodes), dtype=torch.float32) ** 2  # (B,)
     adv = group_advantages(rewards, torch.tensor([t.group_id for t in episodes]))  # (B,)
     batch["adv"] = adv[batch["episode_id"]]  # (N,)
-    sampler = trainer.policy
+    sampler = run.policy
     moved = copy.deepcopy(sampler)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=generator))
         batch["ref_logp"] = token_logprobs(sampler, batch["input_ids"], batch["attention_mask"])
-    return trainer, add_torchrl_keys(batch), sampler, moved
+    return run, add_torchrl_keys(batch), sampler, moved
 
 
 def _grpo_loss(policy, tokenizer, **kwargs) -> GRPOLoss:
@@ -79,8 +79,8 @@ def _grpo_loss(policy, tokenizer, **kwargs) -> GRPOLoss:
 
 
 def test_a_trainer_batch_takes_torchrl_keys(step):
-    trainer, batch, _, _ = step
-    assert trainer.collector.batches_done == 1  # one collect() for the step
+    run, batch, _, _ = step
+    assert run.collector.batches_done == 1  # one collect() for the step
     n, width = batch["input_ids"].shape
     assert batch["tokens", "full"] is batch["input_ids"]
     assert torch.equal(batch["masks", "all_attention_mask"], batch["attention_mask"].bool())
@@ -97,17 +97,17 @@ def test_a_trainer_batch_takes_torchrl_keys(step):
 
 
 def test_torchrl_grpo_loss_equals_ours_on_our_batch(step):
-    trainer, batch, _, moved = step
+    run, batch, _, moved = step
     mask = batch["loss_mask"]
     logp = token_logprobs(moved, batch["input_ids"], batch["attention_mask"])  # (N, T-1)
     ours = policy_loss(logp, batch["old_logp"], batch["adv"], mask, *CLIP)
-    out = _grpo_loss(moved, trainer.tokenizer)(batch)
+    out = _grpo_loss(moved, run.tokenizer)(batch)
     assert 0.05 < float(ours["clip_fraction"]) < 0.95  # the clip window matters
     assert float(out.loss_objective.detach()) == pytest.approx(float(ours["loss_pg"].detach()), abs=1e-6)
     # the same gradient, parameter by parameter
     ours_grad = torch.autograd.grad(ours["loss_pg"], list(moved.parameters()))
     logp = token_logprobs(moved, batch["input_ids"], batch["attention_mask"])
-    theirs = _grpo_loss(moved, trainer.tokenizer)(batch).loss_objective
+    theirs = _grpo_loss(moved, run.tokenizer)(batch).loss_objective
     theirs_grad = torch.autograd.grad(theirs, list(moved.parameters()))
     for a, b in zip(ours_grad, theirs_grad, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
@@ -119,12 +119,12 @@ def test_torchrl_grpo_loss_equals_ours_on_our_batch(step):
 
 
 def test_torchrl_kl_to_ref_is_ours_over_every_position(step):
-    trainer, batch, _, moved = step
+    run, batch, _, moved = step
     mask = batch["loss_mask"]
     coef = 0.1
     logp = token_logprobs(moved, batch["input_ids"], batch["attention_mask"])
     ours = coef * kl_penalty(logp, batch["ref_logp"], mask, "k3")
-    out = _grpo_loss(moved, trainer.tokenizer, kl_to_ref_coeff=coef)(batch)
+    out = _grpo_loss(moved, run.tokenizer, kl_to_ref_coeff=coef)(batch)
     share = float(mask.sum()) / batch["input_ids"].numel()
     assert float(ours) > 0
     assert float(out.loss_kl_to_ref) == pytest.approx(float(ours) * share, rel=1e-4)
@@ -133,7 +133,7 @@ def test_torchrl_kl_to_ref_is_ours_over_every_position(step):
 def test_the_trainers_micro_batches_keep_the_torchrl_keys_aligned(step):
     """`trim_rows` cuts TorchRL's token-aligned keys to the micro-batch's length, ours to one less: TorchRL's loss
     on a micro-batch is ours on it (both token means over the micro-batch's own tokens)."""
-    trainer, batch, sampler, moved = step
+    run, batch, sampler, moved = step
     lengths = batch["attention_mask"].sum(-1)
     rows = [int(lengths.argmin())]
     part = trim_rows(batch, rows, "cpu")
@@ -143,8 +143,8 @@ def test_the_trainers_micro_batches_keep_the_torchrl_keys_aligned(step):
     assert part["loss_mask"].shape[1] == part["old_logp"].shape[1] == length - 1
     logp = token_logprobs(moved, part["input_ids"], part["attention_mask"])
     ours = policy_loss(logp, part["old_logp"], part["adv"], part["loss_mask"], *CLIP)
-    out = _grpo_loss(moved, trainer.tokenizer)(part)
+    out = _grpo_loss(moved, run.tokenizer)(part)
     assert float(out.loss_objective.detach()) == pytest.approx(float(ours["loss_pg"].detach()), abs=1e-6)
     # at the weights that sampled it, every ratio is 1 up to numerics: nothing clips
-    at_sampler = _grpo_loss(sampler, trainer.tokenizer)(batch)
+    at_sampler = _grpo_loss(sampler, run.tokenizer)(batch)
     assert float(at_sampler.clip_fraction) == 0.0

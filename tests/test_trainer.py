@@ -15,16 +15,16 @@ from algos import episode_checks
 from algos.batch import micro_batches
 from algos.config import preset_config
 from algos.losses import group_advantages, tree_advantages
-from algos.run.training_run import TrainingStopped, lr_factor
-from algos.trainer import Trainer, episode_advantages
+from algos.run.training_run import TrainingRun, TrainingStopped, lr_factor
+from algos.trainer import episode_advantages
 
 
-def _trainer(tmp_path, name: str, **overrides) -> Trainer:
-    return Trainer(preset_config("tiny", run_dir=str(tmp_path / name), **overrides))
+def _run(tmp_path, name: str, **overrides) -> TrainingRun:
+    return TrainingRun(preset_config("tiny", run_dir=str(tmp_path / name), **overrides))
 
 
-def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
+def _params(run: TrainingRun) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in run.policy.named_parameters()}
 
 
 def test_micro_batches_respect_the_token_budget():
@@ -51,17 +51,17 @@ def test_episode_advantages_are_the_groups_or_the_trees_and_a_treeless_member_is
 
 
 def test_parameters_change_after_one_step(tmp_path):
-    trainer = _trainer(tmp_path, "sft", algo="grpo_sft", steps=1)
+    run = _run(tmp_path, "sft", algo="grpo_sft", steps=1)
     try:
-        before = _params(trainer)
-        metrics = trainer.train_step()
-        after = _params(trainer)
+        before = _params(run)
+        metrics = run.learner.train_step()
+        after = _params(run)
     finally:
-        trainer.close()
+        run.close()
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert len(changed) == len(before)  # weight decay is 0 in the tiny preset: every change is a gradient step
     assert metrics["loss_sft"] > 0 and metrics["sft/weight"] == 1.0
-    assert trainer.progress_fields(metrics) == {
+    assert run.learner.progress_fields(metrics) == {
         "reward": f"{metrics['critic/rewards/mean']:.2f}",
         "f1": f"{metrics['answer_f1/mean']:.3f}",
         "w": "1.00",
@@ -74,12 +74,12 @@ def test_no_context_grad_keeps_the_losses_and_changes_the_update(tmp_path):
     """--no-context-grad through the trainer: the same step-1 losses (same log-probs, same data), other weights."""
     runs = {}
     for context_grad in (True, False):
-        trainer = _trainer(tmp_path, f"cg-{context_grad}", algo="grpo_sft", steps=1, context_grad=context_grad)
+        run = _run(tmp_path, f"cg-{context_grad}", algo="grpo_sft", steps=1, context_grad=context_grad)
         try:
-            metrics = trainer.train_step()
-            runs[context_grad] = (metrics, _params(trainer))
+            metrics = run.learner.train_step()
+            runs[context_grad] = (metrics, _params(run))
         finally:
-            trainer.close()
+            run.close()
     (full, full_weights), (narrow, narrow_weights) = runs[True], runs[False]
     for key in ("loss_sft", "sft/entropy", "loss_pg", "critic/rewards/mean"):
         assert narrow[key] == pytest.approx(full[key], abs=1e-5), key
@@ -88,22 +88,22 @@ def test_no_context_grad_keeps_the_losses_and_changes_the_update(tmp_path):
 
 def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
     """Garbage off the loss mask changes nothing; skipping zero-advantage contexts changes nothing either."""
-    trainer = _trainer(tmp_path, "pg", algo="grpo")
+    run = _run(tmp_path, "pg", algo="grpo")
     try:
-        trajectories = trainer.collector.collect()
+        trajectories = run.collector.collect()
         adv = torch.tensor([1.0, -1.0, 0.0, 0.0][: len(trajectories)])  # (B,): two contexts with no signal
-        batch = collate_trajectories(trajectories, pad_token_id=trainer.pad_id)
+        batch = collate_trajectories(trajectories, pad_token_id=run.pad_id)
         batch["adv"] = adv[batch["episode_id"]]
         mask = batch["loss_mask"]
-        tokenizer = trainer.tokenizer
+        tokenizer = run.tokenizer
         for traj, row in zip(trajectories, range(len(trajectories)), strict=True):
             sampled = batch["input_ids"][row, 1:][mask[row]].tolist()
             assert tokenizer.decode(sampled, skip_special_tokens=True).startswith(traj.actions[0][:10])
 
         def grads(b) -> torch.Tensor:
-            trainer.optimizer.zero_grad(set_to_none=False)
-            trainer._rl_backward(b)
-            return torch.cat([p.grad.flatten() for p in trainer.trainable])
+            run.optimizer.zero_grad(set_to_none=False)
+            run.learner._rl_backward(b)
+            return torch.cat([p.grad.flatten() for p in run.trainable])
 
         reference = grads(batch)
         assert reference.abs().sum() > 0
@@ -111,27 +111,27 @@ def test_policy_gradient_sees_only_sampled_tokens(tmp_path):
         garbage["old_logp"] = torch.where(mask, batch["old_logp"], torch.randn_like(batch["old_logp"]) * 100)
         torch.testing.assert_close(grads(garbage), reference, rtol=0, atol=0)
 
-        trainer.config = trainer.config.with_values(skip_zero_advantage=False)
+        run.learner.config = run.config.with_values(skip_zero_advantage=False)
         torch.testing.assert_close(grads(batch), reference, rtol=1e-5, atol=1e-7)
 
         shifted = batch.clone()
         shifted["old_logp"] = torch.where(mask, batch["old_logp"] - 0.1, batch["old_logp"])
         assert not torch.allclose(grads(shifted), reference)
     finally:
-        trainer.close()
+        run.close()
 
 
 @pytest.mark.parametrize("lr_schedule", ["constant", "linear"])
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, lr_schedule):
     """2 straight steps == 1 step, save, scrambled process state, resume, 1 step (RED: SFT, EMAs, data order, lr)."""
-    straight = _trainer(tmp_path, "straight", algo="red_grpo", steps=2, save_every=0, lr_schedule=lr_schedule)
+    straight = _run(tmp_path, "straight", algo="red_grpo", steps=2, save_every=0, lr_schedule=lr_schedule)
     try:
         straight_metrics = list(straight.steps())
         expected = _params(straight)
     finally:
         straight.close()
 
-    first = _trainer(tmp_path, "resumed", algo="red_grpo", steps=1, save_every=0, lr_schedule=lr_schedule)
+    first = _run(tmp_path, "resumed", algo="red_grpo", steps=1, save_every=0, lr_schedule=lr_schedule)
     try:
         list(first.steps())
         first.save()
@@ -141,7 +141,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, lr_schedule):
     np.random.seed(12345)
     torch.manual_seed(12345)
 
-    resumed = _trainer(tmp_path, "resumed", algo="red_grpo", steps=2, resume=True, seed=0, lr_schedule=lr_schedule)
+    resumed = _run(tmp_path, "resumed", algo="red_grpo", steps=2, resume=True, seed=0, lr_schedule=lr_schedule)
     try:
         assert resumed.step == 1
         resumed_metrics = list(resumed.steps())
@@ -161,18 +161,18 @@ def test_linear_lr_schedule_decays_over_steps_or_minutes_whichever_ends_first(tm
     assert [lr_factor("constant", d) for d in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
     assert [lr_factor("linear", d) for d in (-1.0, 0.0, 0.5, 1.0, 2.0)] == pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
     assert [lr_factor("cooldown", d) for d in (0.0, 0.8, 0.9, 1.0, 2.0)] == pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
-    trainer = _trainer(tmp_path, "lr", steps=4, lr=1e-3, lr_schedule="linear", max_train_minutes=10.0)
+    run = _run(tmp_path, "lr", steps=4, lr=1e-3, lr_schedule="linear", max_train_minutes=10.0)
     try:
         lrs = []
-        for _ in trainer.steps():
-            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        for _ in run.steps():
+            lrs.append(run.optimizer.param_groups[0]["lr"])
         assert lrs == pytest.approx([1e-3 * (1 - 0.9 * k / 4) for k in range(4)])  # by steps: 0, 1/4, 2/4, 3/4 done
-        trainer.elapsed = 9 * 60.0  # 90% of the minutes: further along than 4 of 4 steps would say
-        trainer.step = 0
-        trainer.set_lr()
-        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 0.9))
+        run.elapsed = 9 * 60.0  # 90% of the minutes: further along than 4 of 4 steps would say
+        run.step = 0
+        run.set_lr()
+        assert run.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 0.9))
     finally:
-        trainer.close()
+        run.close()
 
 
 @pytest.mark.parametrize(("schedule", "stable"), [("linear", 0), ("cooldown", 80)])
@@ -189,27 +189,27 @@ def test_lr_schedules_are_transformers_warmup_stable_decay_at_whole_steps(schedu
 
 
 def test_refuses_to_overwrite_a_run(tmp_path):
-    trainer = _trainer(tmp_path, "run", algo="grpo", steps=1)
+    run = _run(tmp_path, "run", algo="grpo", steps=1)
     try:
-        trainer.save()
+        run.save()
     finally:
-        trainer.close()
+        run.close()
     with pytest.raises(FileExistsError, match="--resume"):
-        _trainer(tmp_path, "run", algo="grpo", steps=1)
+        _run(tmp_path, "run", algo="grpo", steps=1)
 
 
 def test_lora_trains_only_the_adapter_and_saves_a_merged_model(tmp_path):
     from agents.models import load_model
 
-    trainer = _trainer(tmp_path, "lora", algo="grpo_sft", steps=1, lora=True, lora_rank=4)
+    run = _run(tmp_path, "lora", algo="grpo_sft", steps=1, lora=True, lora_rank=4)
     try:
-        before = _params(trainer)
-        list(trainer.steps())
-        after = _params(trainer)
-        checkpoint = trainer.save()
-        final = trainer.save_final_model()
+        before = _params(run)
+        list(run.steps())
+        after = _params(run)
+        checkpoint = run.save()
+        final = run.save_final_model()
     finally:
-        trainer.close()
+        run.close()
     changed = {name for name in before if not torch.equal(before[name], after[name])}
     assert changed and all("lora_" in name for name in changed)
     from safetensors.torch import load_file
@@ -225,26 +225,25 @@ def test_a_dead_retrieval_server_stops_the_run_before_the_update(tmp_path, bm25,
     from retrievers.server import create_app
 
     url, stop = serve_app(create_app(bm25))
-    trainer = _trainer(tmp_path, "dead", algo="grpo", retriever=url, retriever_timeout=5, retriever_retries=0)
+    run = _run(tmp_path, "dead", algo="grpo", retriever=url, retriever_timeout=5, retriever_retries=0)
     try:
-        assert trainer.collector.envs[0].unwrapped.retriever.inner.retries == 0  # the client behind the query cache
-        trainer.collector.agent = OracleAgent(trainer.tokenizer)  # a policy that always searches
-        infos = [t.info for t in trainer.collector.collect()]
-        assert sum(i["num_searches"] for i in infos) > 0 and episode_checks.check_retrieval(
-            infos, 1, trainer.config
-        ) == (0, 0.0)
-        before = _params(trainer)
+        assert run.collector.envs[0].unwrapped.retriever.inner.retries == 0  # the client behind the query cache
+        run.collector.agent = OracleAgent(run.tokenizer)  # a policy that always searches
+        infos = [t.info for t in run.collector.collect()]
+        assert sum(i["num_searches"] for i in infos) > 0
+        assert episode_checks.check_retrieval(infos, 1, run.config) == (0, 0.0)
+        before = _params(run)
         stop()  # the server dies mid-run
         with pytest.raises(TrainingStopped, match=r"step 1: (\d+) of \1 searches failed \(100%.*ConnectError"):
-            trainer.train_step()
-        assert all(torch.equal(before[name], value) for name, value in _params(trainer).items())  # no update
-        infos = [t.info for t in trainer.collector.collect()]  # the next batch meets the dead server too
+            run.learner.train_step()
+        assert all(torch.equal(before[name], value) for name, value in _params(run).items())  # no update
+        infos = [t.info for t in run.collector.collect()]  # the next batch meets the dead server too
         assert all(i["num_searches"] == 0 and i["retrieval_errors"] > 0 for i in infos)
-        trainer.config = trainer.config.with_values(max_retrieval_error_rate=1.0)  # never stop
-        errors, rate = episode_checks.check_retrieval(infos, 1, trainer.config)
+        never_stop = run.config.with_values(max_retrieval_error_rate=1.0)
+        errors, rate = episode_checks.check_retrieval(infos, 1, never_stop)
         assert errors == sum(i["retrieval_errors"] for i in infos) and rate == 1.0
     finally:
-        trainer.close()
+        run.close()
     assert (tmp_path / "dead" / "metrics.jsonl").read_text() == ""
 
 
@@ -252,39 +251,49 @@ def _snapshot(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def test_the_tie_probes_flag_is_the_learners_checkpoint_state_and_an_older_checkpoints_joins_it():
+    """The GRPO learner keeps whether the last step tied in its own checkpoint state; a checkpoint written when the run
+    kept it at the top level hands it to the learner the same way."""
+    from algos.run.checkpointing import _learner_state
+
+    assert _learner_state({"last_step_tied": True, "learner": {}}) == {"last_step_tied": True}  # an older checkpoint
+    assert _learner_state({"learner": {"last_step_tied": False}}) == {"last_step_tied": False}
+    assert _learner_state({}) == {}
+
+
 def test_resume_without_a_usable_checkpoint_is_an_error_that_changes_nothing(tmp_path):
 
     with pytest.raises(TrainingStopped, match="no checkpoint in .* drop --resume"):
-        _trainer(tmp_path, "empty", algo="grpo", resume=True)
+        _run(tmp_path, "empty", algo="grpo", resume=True)
     assert not (tmp_path / "empty").exists()
 
-    trainer = _trainer(tmp_path, "run", algo="grpo", steps=2)
+    run = _run(tmp_path, "run", algo="grpo", steps=2)
     try:
-        list(trainer.steps())  # a checkpoint at step 1 (save_every 1), two metrics rows
+        list(run.steps())  # a checkpoint at step 1 (save_every 1), two metrics rows
     finally:
-        trainer.close()
+        run.close()
     weights = tmp_path / "run" / "checkpoints" / "step_000001" / "weights.safetensors"
     weights.write_bytes(np.random.default_rng(0).bytes(weights.stat().st_size))  # same size: only a checksum sees it
     before = _snapshot(tmp_path / "run")
     with pytest.raises(TrainingStopped, match=r"no valid checkpoint .*step_000001: weights.safetensors: SHA-256"):
-        _trainer(tmp_path, "run", algo="grpo", steps=2, resume=True)
+        _run(tmp_path, "run", algo="grpo", steps=2, resume=True)
     assert _snapshot(tmp_path / "run") == before  # metrics.jsonl and the damaged checkpoint are as they were
     with pytest.raises(FileExistsError, match="--resume"):  # and a new run does not overwrite it either
-        _trainer(tmp_path, "run", algo="grpo", steps=2)
+        _run(tmp_path, "run", algo="grpo", steps=2)
 
 
 def test_a_metrics_row_lost_after_its_checkpoint_comes_back_on_resume(tmp_path):
     """Killed between the checkpoint commit and the metrics write: the checkpoint carries the row."""
     import json
 
-    trainer = _trainer(tmp_path, "run", algo="grpo", steps=2)
+    run = _run(tmp_path, "run", algo="grpo", steps=2)
     try:
-        first = next(trainer.steps())  # step 1: checkpoint, then its row
+        first = next(run.steps())  # step 1: checkpoint, then its row
     finally:
-        trainer.close()
+        run.close()
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss_p')  # the row never made it whole
-    resumed = _trainer(tmp_path, "run", algo="grpo", steps=2, resume=True)
+    resumed = _run(tmp_path, "run", algo="grpo", steps=2, resume=True)
     try:
         assert resumed.step == 1
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -299,7 +308,7 @@ def test_the_weight_average_is_the_final_model_and_resumes_exactly(tmp_path):
     """--weight-average: the final weights are the moving average of every step's weights (its decay warming up as
     documented), the steps themselves train the un-averaged weights, and a resumed run ends with the same average."""
     decay = 0.5
-    straight = _trainer(tmp_path, "straight", algo="red_grpo", steps=3, save_every=0, weight_average=decay)
+    straight = _run(tmp_path, "straight", algo="red_grpo", steps=3, save_every=0, weight_average=decay)
     try:
         expected = _params(straight)
         for metrics in straight.steps():
@@ -315,7 +324,7 @@ def test_the_weight_average_is_the_final_model_and_resumes_exactly(tmp_path):
         torch.testing.assert_close(averaged[name], value, rtol=1e-6, atol=1e-7, msg=name)
     assert any(not torch.equal(last[name], averaged[name]) for name in last)  # the average is not the last step
 
-    first = _trainer(tmp_path, "resumed", algo="red_grpo", steps=2, save_every=0, weight_average=decay)
+    first = _run(tmp_path, "resumed", algo="red_grpo", steps=2, save_every=0, weight_average=decay)
     try:
         list(first.steps())
         first.save()
@@ -324,7 +333,7 @@ def test_the_weight_average_is_the_final_model_and_resumes_exactly(tmp_path):
         kept = _params(first)
     finally:
         first.close()
-    resumed = _trainer(tmp_path, "resumed", algo="red_grpo", steps=3, resume=True, weight_average=decay)
+    resumed = _run(tmp_path, "resumed", algo="red_grpo", steps=3, resume=True, weight_average=decay)
     try:
         assert all(torch.equal(p, kept[name]) for name, p in _params(resumed).items())
         list(resumed.steps())
@@ -340,13 +349,13 @@ def test_a_run_with_a_weight_average_saves_and_scores_the_average(tmp_path):
     """The whole run (train): final/ holds the averaged weights, not the last step's."""
     from agents.models import load_model
 
-    trainer = _trainer(tmp_path, "run", algo="grpo_sft", steps=2, weight_average=0.9, eval_questions=0)
+    run = _run(tmp_path, "run", algo="grpo_sft", steps=2, weight_average=0.9, eval_questions=0)
     try:
-        summary = trainer.train()
-        names = [name for name, p in trainer.policy.named_parameters() if p.requires_grad]
-        averaged = {name: t.detach().clone() for name, t in zip(names, trainer.average, strict=True)}
+        summary = run.train()
+        names = [name for name, p in run.policy.named_parameters() if p.requires_grad]
+        averaged = {name: t.detach().clone() for name, t in zip(names, run.average, strict=True)}
     finally:
-        trainer.close()
+        run.close()
     model, _ = load_model(summary["final_model"])
     state = model.state_dict()
     for name, value in averaged.items():
@@ -381,7 +390,7 @@ def _selected_run(tmp_path, monkeypatch, f1_by_checkpoint=None):
             return result
 
         monkeypatch.setattr(evaluation, "score_held_out", scored)
-    trainer = _trainer(
+    run = _run(
         tmp_path,
         "run",
         algo="red_grpo",
@@ -392,12 +401,12 @@ def _selected_run(tmp_path, monkeypatch, f1_by_checkpoint=None):
         eval_questions=0,
     )
     try:
-        split_size = trainer.collector.envs[0].unwrapped.num_examples
-        assert list(trainer.validation_indices) == list(range(split_size - 4, split_size))
-        assert not set(trainer.collector.indices.tolist()) & set(trainer.validation_indices)
-        summary = trainer.train()
+        split_size = run.collector.envs[0].unwrapped.num_examples
+        assert list(run.validation_indices) == list(range(split_size - 4, split_size))
+        assert not set(run.collector.indices.tolist()) & set(run.validation_indices)
+        summary = run.train()
     finally:
-        trainer.close()
+        run.close()
     validation = summary["validation"]
     model, _ = load_model(summary["final_model"])
     chosen = load_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{validation['selected_step']:06d}").weights

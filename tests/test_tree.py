@@ -174,19 +174,19 @@ def test_a_tree_without_a_search_branches_from_the_start(tiny, bm25):
 
 
 def test_the_trainer_gives_tree_episodes_tree_advantages(tmp_path):
-    from algos.trainer import Trainer
+    from algos.run.training_run import TrainingRun
 
-    trainer = Trainer(preset_config("tiny", algo="grpo", run_dir=str(tmp_path), rollout="tree", group_size=4))
+    run = TrainingRun(preset_config("tiny", algo="grpo", run_dir=str(tmp_path), rollout="tree", group_size=4))
     try:
         gen = Generation((1, 2, 3), (0, 1, 1), (0.0, -0.3, -0.2), "agent")
         rewards, trees = [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1]
         episodes = [Trajectory(0, 0, (gen,), r, {}, tree_id=t) for r, t in zip(rewards, trees, strict=True)]
-        batch, _ = trainer.make_batch(episodes)
+        batch, _ = run.learner.make_batch(episodes)
         expected = tree_advantages(torch.tensor(rewards), torch.zeros(4, dtype=torch.long), torch.tensor(trees))
         torch.testing.assert_close(batch["adv"], expected)
         assert not torch.allclose(expected, group_advantages(torch.tensor(rewards), torch.zeros(4, dtype=torch.long)))
     finally:
-        trainer.close()
+        run.close()
 
 
 @pytest.mark.parametrize("branch_turns", [(), (2,)], ids=["any-search", "second-search"])

@@ -1,10 +1,10 @@
-"""`--sampler vllm`: the trainer pushes the trained weights to the engine, and the engine samples from them.
+"""`--sampler vllm`: the run pushes the trained weights to the engine, and the engine samples from them.
 
 The tests here are contract tests of this project's code (what reaches the engine, when, and with which arguments),
 so they run in the default suite without vLLM: a recording stand-in (tests/stubs/vllm) takes the place of
 `vllm.LLM` with exactly the surface `VLLMSampler` uses. It holds its own copy of the model, loaded from the directory
-the trainer names, and samples with it: like a real engine it keeps sampling from the weights it was given until the
-trainer pushes new ones, and it records every tensor that reaches its weight reload. tests/test_vllm_real.py runs the
+the run names, and samples with it: like a real engine it keeps sampling from the weights it was given until the
+run pushes new ones, and it records every tensor that reaches its weight reload. tests/test_vllm_real.py runs the
 real engine (the CPU build in CI).
 """
 
@@ -51,29 +51,29 @@ def model_dir(tmp_path_factory, tiny):
     return str(path)
 
 
-def _trainer(tmp_path, model_dir, **overrides):
+def _run(tmp_path, model_dir, **overrides):
     from algos.config import preset_config
-    from algos.trainer import Trainer
+    from algos.run.training_run import TrainingRun
 
     config = preset_config("tiny", model=model_dir, sampler="vllm", run_dir=str(tmp_path / "run"), **overrides)
-    return Trainer(config)
+    return TrainingRun(config)
 
 
-def _weights(trainer) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
+def _weights(run) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in run.policy.named_parameters()}
 
 
 def test_the_engine_receives_the_trained_weights_after_each_step(tmp_path, model_dir, recording_vllm):
-    trainer = _trainer(tmp_path, model_dir, algo="grpo_sft", steps=2)
+    run = _run(tmp_path, model_dir, algo="grpo_sft", steps=2)
     try:
         [engine] = recording_vllm
-        start = _weights(trainer)
-        assert len(engine.loads) == 1  # at start: the engine samples from the trainer's weights, resumed or not
+        start = _weights(run)
+        assert len(engine.loads) == 1  # at start: the engine samples from the run's weights, resumed or not
         assert engine.loads[0].keys() == start.keys()
-        trainer.train_step()
-        trained = _weights(trainer)
+        run.learner.train_step()
+        trained = _weights(run)
     finally:
-        trainer.close()
+        run.close()
     assert len(engine.loads) == 2 and engine.prefix_resets == 2
     pushed = engine.loads[-1]
     assert pushed.keys() == trained.keys()
@@ -82,33 +82,33 @@ def test_the_engine_receives_the_trained_weights_after_each_step(tmp_path, model
         assert not torch.equal(tensor, start[name]), f"{name} did not train: the test would prove nothing"
     for name, tensor in engine.lm.named_parameters():  # the engine now samples from the trained model
         assert torch.equal(tensor.detach(), trained[name]), name
-    assert trainer.config.recompute_old_logp  # the engine's log-probs are never the ratio's denominator
+    assert run.config.recompute_old_logp  # the engine's log-probs are never the ratio's denominator
 
 
 def test_pushes_every_n_updates_and_samples_from_the_pushed_weights(tmp_path, model_dir, recording_vllm):
-    trainer = _trainer(tmp_path, model_dir, algo="grpo_sft", steps=3, sync_weights_every=2)
+    run = _run(tmp_path, model_dir, algo="grpo_sft", steps=3, sync_weights_every=2)
     try:
         [engine] = recording_vllm
-        trainer.train_step()
+        run.learner.train_step()
         assert len(engine.loads) == 1  # step 1: still the starting weights
         stale = {name: t.detach().clone() for name, t in engine.lm.named_parameters()}
-        trainer.train_step()
+        run.learner.train_step()
         assert len(engine.loads) == 2  # step 2: pushed
-        after_two = _weights(trainer)
+        after_two = _weights(run)
     finally:
-        trainer.close()
+        run.close()
     assert all(torch.equal(engine.loads[-1][name], t) for name, t in after_two.items())
     assert any(not torch.equal(stale[name], t) for name, t in after_two.items())
 
 
 def test_a_lora_policy_pushes_merged_weights_under_plain_names(tmp_path, model_dir, recording_vllm):
-    trainer = _trainer(tmp_path, model_dir, algo="grpo_sft", steps=1, lora=True, lora_rank=4)
+    run = _run(tmp_path, model_dir, algo="grpo_sft", steps=1, lora=True, lora_rank=4)
     try:
         [engine] = recording_vllm
-        trainer.train_step()
-        merged = {n: p.detach().clone() for n, p in trainer.peft_model.merge_and_unload().named_parameters()}
+        run.learner.train_step()
+        merged = {n: p.detach().clone() for n, p in run.peft_model.merge_and_unload().named_parameters()}
     finally:
-        trainer.close()
+        run.close()
     pushed = engine.loads[-1]
     assert pushed.keys() == merged.keys() and not any("lora" in name for name in pushed)
     changed = [name for name in merged if not torch.equal(pushed[name], engine.loads[0][name])]
@@ -144,7 +144,7 @@ def test_engine_arguments_one_process_and_each_torchrun_rank():
         "logprobs_mode": "processed_logprobs",  # the sampling distribution, as HFSampler's log-probs
         "max_model_len": 512,
         "enforce_eager": True,  # the CPU build: nothing to capture
-        "dtype": "float32",  # as the trainer on a CPU
+        "dtype": "float32",  # as the run on a CPU
     }
     gpu_rank = engine_kwargs("m", seed=3, max_context=None, gpu_memory_utilization=0.4, world=(2, 4), cuda=True)
     assert gpu_rank["distributed_executor_backend"] == "external_launcher"  # joins torchrun's group, device LOCAL_RANK

@@ -2,13 +2,14 @@
 
 - `cli` parses the command line into a `algos.config.Config`; `launch` is every entry point's `main` (exit
   statuses, one-line faults, signals);
-- `training_run.TrainingRun` is the trainers' base class: setup (`setup`), the steps, metrics and wandb;
-  its bases keep checkpoints and resume (`checkpointing`) and finish the run (`finish`, `outputs`);
+- `training_run.TrainingRun` is the run: setup (`setup`), the steps, metrics and wandb; it holds the algorithm's
+  learner (`learner.Learner`, the seam it calls) and its bases keep checkpoints and resume (`checkpointing`) and
+  finish the run (`finish`, `outputs`);
 - `control` watches the run from outside the step (signals, the training-time budget, the run directory's owner,
   torch threads: `threads`), `memory` refuses a run that cannot fit before it starts, `logs` sets up logging;
 - `evaluation` scores the model before and after training; `first_search` splits a score into reading and
   searching (`envs.first_search`'s code, which needs no torch).
 
-The algorithm itself (`algos.trainer.Trainer.train_step` and the losses) stays one level up; the files a
-checkpoint is made of are `algos.checkpoints`.
+The algorithms themselves (the learners, `algos.trainer.Trainer` and those built on it, and the losses) stay one
+level up; the files a checkpoint is made of are `algos.checkpoints`.
 """

@@ -1,10 +1,11 @@
 """The state a training run keeps on disk and in memory besides its weights: checkpoints, resume, the weight average.
 
 `RunCheckpoints` is a base of `training_run.TrainingRun`; its methods use the run's attributes (``config``, ``policy``,
-``optimizer``, ``weighting``, ``collector``, ``world``, ``step``, ...). A checkpoint holds the trainable weights,
-the AdamW state, the weighting rule's state, a learner's own tensors and state, the data position, every rank's RNG
-states and the metrics rows written since the last checkpoint; under ``--fsdp`` each rank writes its own shards.
-``--resume`` restores all of it (`RunCheckpoints.load`) and warns about settings that differ from the checkpoint's.
+``optimizer``, ``weighting``, ``collector``, ``learner``, ``world``, ``step``, ...). A checkpoint holds the trainable
+weights, the AdamW state, the weighting rule's state, the learner's own tensors and state
+(`algos.run.learner.Learner.state_dict`), the data position, every rank's RNG states and the metrics rows written
+since the last checkpoint; under ``--fsdp`` each rank writes its own shards. ``--resume`` restores all of it
+(`RunCheckpoints.load`) and warns about settings that differ from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -93,11 +94,10 @@ class RunCheckpoints:
             "config": self.config.flat(),
             "weighting": self.weighting.state_dict(),
             "collector": self.collector.state_dict(),
-            "last_step_tied": self.last_step_tied,
             "elapsed": self.elapsed,
             "ranks": self.world.size,
         }
-        learner_tensors, learner_state = self.learner_state_dict()
+        learner_tensors, learner_state = self.learner.state_dict()
         if learner_state:
             state["learner"] = learner_state
         state["metrics"] = self._unsaved_metrics  # durable with the checkpoint, whatever happens to metrics.jsonl
@@ -155,7 +155,6 @@ class RunCheckpoints:
         self.weighting.load_state_dict(state["weighting"])
         self.collector.load_state_dict(state["collector"])
         self.step = int(state["step"])
-        self.last_step_tied = bool(state.get("last_step_tied", False))
         self.elapsed = float(state.get("elapsed", 0.0))
         changed = changed_settings(state.get("config", {}), self.config)
         if changed:  # allowed by --resume-changed (`TrainingRun` refused it otherwise, before the model)
@@ -194,7 +193,7 @@ class RunCheckpoints:
         if self.fsdp:
             optimizer = distributed.shard_optimizer_state(self.optimizer, optimizer)
         self.optimizer.load_state_dict(optimizer)
-        self.load_learner_state_dict(learner_tensors, checkpoint.state.get("learner", {}))
+        self.learner.load_state_dict(learner_tensors, _learner_state(checkpoint.state))
         return checkpoint.state
 
     def _load_sharded(self, path: Path) -> dict[str, Any]:
@@ -218,7 +217,7 @@ class RunCheckpoints:
         has_average = any(key.startswith("average.") for key in stored)
         if self.average is not None and has_average:
             tensors["average"] = dict(zip(names, self.average, strict=True))  # loaded in place
-        learner = {name: t.detach().clone() for name, t in self.learner_state_dict()[0].items()}
+        learner = {name: t.detach().clone() for name, t in self.learner.state_dict()[0].items()}
         if learner and any(key.startswith("learner.") for key in stored):
             tensors["learner"] = learner
         load_sharded_tensors(path, tensors)
@@ -229,7 +228,7 @@ class RunCheckpoints:
         if self.average is not None and not has_average:
             logger.warning("%s holds no weight average: the average starts from its weights", path)
             _copy_each(self.average, self._averaged_parameters())
-        self.load_learner_state_dict(tensors.get("learner", {}), state.get("learner", {}))
+        self.learner.load_state_dict(tensors.get("learner", {}), _learner_state(state))
         restore_rng(path, self.world.rank)
         return state
 
@@ -323,6 +322,15 @@ class RunCheckpoints:
         unexpected = distributed.load_full_state_dict(self.policy, weights)
         if unexpected:
             raise ValueError(f"{path} has parameters this model lacks: {unexpected[:5]}")
+
+
+def _learner_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The learner's JSON state of a checkpoint's `state`; a checkpoint written before the GRPO learner kept its tie
+    probe's flag itself holds it at the top level, from where it joins the learner's."""
+    learner = dict(state.get("learner", {}))
+    if "last_step_tied" in state:
+        learner.setdefault("last_step_tied", state["last_step_tied"])
+    return learner
 
 
 def _copy_each(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:

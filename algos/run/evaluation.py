@@ -6,7 +6,7 @@ run trained in (`Config.env_kwargs` with only the split changed, the same turn l
 tokens per turn and context length), through `agents.evaluation.evaluate`. The starting model's scores
 depend only on those settings, so they are cached (``cache_root()/eval/``) and computed once per settings.
 
-    result = before_after(trainer)          # {"before": ..., "after": ..., "table": "| model | ..."}
+    result = before_after(run)              # {"before": ..., "after": ..., "table": "| model | ..."}
     python -m algos.red_grpo                # prints the table; writes eval.json, eval.md and curves.png
 
 The table: EM, F1, the valid-answer rate (episodes ended by a valid <answer>), searches per question, and for
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 logger = logging.getLogger(__name__)
 
 
-class Trainer(Protocol):
+class _Run(Protocol):
     """What the scoring reads of a run (`training_run.TrainingRun` is one): stated here rather than imported, so that
     the run, which calls this module, and this module do not depend on each other."""
 
@@ -205,8 +205,8 @@ def _write_json(path: Path, value: Any) -> None:
     write_text_atomic(path, json.dumps(value, ensure_ascii=False))
 
 
-def before_after(trainer: Trainer) -> dict[str, Any]:
-    """Score the trainer's current model and the model it started from on the held-out questions.
+def before_after(run: _Run) -> dict[str, Any]:
+    """Score the run's current model and the model it started from on the held-out questions.
 
     Writes ``eval.json`` (both results with per-question predictions) and ``eval.md`` (the before/after table,
     then the trained model's first-search split, `envs.first_search`) into the run directory. Under data
@@ -219,8 +219,8 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     """
     from algos import distributed
 
-    config = trainer.config
-    main = trainer.world.is_main
+    config = run.config
+    main = run.world.is_main
     cache = _starting_model_cache(config)
     if distributed.broadcast_object(cache.is_file()):  # rank 0 decides: every rank takes the same branch
         before = json.loads(cache.read_text()) if main else {}
@@ -228,13 +228,13 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
             before["metrics"] = _metrics(before["predictions"], held_out_settings(config)["agent"])
         logger.info("starting model's held-out scores from %s", cache)
     else:
-        start_model, tokenizer = trainer.build_model()
+        start_model, tokenizer = run.build_model()
         before = score_held_out((start_model, tokenizer), config, label="start")
         del start_model
         if main:
             _write_json(cache, before)
-    with trainer.full_weights():  # --fsdp: every rank samples its share with the whole weights
-        after = score_held_out((trainer.policy, trainer.tokenizer), config, label="trained")
+    with run.full_weights():  # --fsdp: every rank samples its share with the whole weights
+        after = score_held_out((run.policy, run.tokenizer), config, label="trained")
     if not main:  # data-parallel ranks besides 0 scored their share and write nothing
         return {}
     from envs.first_search import split_tables
@@ -246,8 +246,8 @@ def before_after(trainer: Trainer) -> dict[str, Any]:
     )
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
     result["first_search"] = numbers["after (trained)"]
-    _write_json(trainer.run_dir / "eval.json", result)
-    (trainer.run_dir / "eval.md").write_text(table + "\n", encoding="utf-8")
+    _write_json(run.run_dir / "eval.json", result)
+    (run.run_dir / "eval.md").write_text(table + "\n", encoding="utf-8")
     return result
 
 
@@ -365,7 +365,7 @@ def _rank_and_size() -> tuple[int, int]:
     return 0, 1
 
 
-def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
+def select_checkpoint(run: _Run) -> dict[str, Any]:
     """Score every kept checkpoint on the validation questions; leave the best one's weights in the policy.
 
     The questions are the training split's last ``config.run.validation_questions`` (`TrainingRun.validation_indices`),
@@ -383,18 +383,16 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
     from algos.checkpoints.store import complete_checkpoints
 
     start = time.perf_counter()
-    config = trainer.config
-    questions = list(trainer.validation_indices)
+    config = run.config
+    questions = list(run.validation_indices)
     # newest first: the policy's weights now; verified by rank 0 alone (every file hashed once), the same list on all
-    paths = distributed.broadcast_object(
-        complete_checkpoints(trainer.checkpoint_dir)[::-1] if trainer.world.is_main else None
-    )
+    paths = distributed.broadcast_object(complete_checkpoints(run.checkpoint_dir)[::-1] if run.world.is_main else None)
     candidates = []
     for i, (step, path) in enumerate(paths):
         if i > 0:
-            trainer.load_weights(path)
-        with trainer.full_weights():
-            result = score_held_out((trainer.policy, trainer.tokenizer), config, label=path.name, validation=questions)
+            run.load_weights(path)
+        with run.full_weights():
+            result = score_held_out((run.policy, run.tokenizer), config, label=path.name, validation=questions)
         candidates.append({"step": step, "path": str(path), "metrics": result["metrics"], "result": result})
         logger.info(
             "validation: %s F1 %.3f, valid answers %.2f (%d questions)",
@@ -405,7 +403,7 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
         )
     best = max(range(len(candidates)), key=lambda i: (candidates[i]["metrics"]["f1"]["mean"], -i))
     if best != len(candidates) - 1:  # the last candidate scored is what the policy holds now
-        trainer.load_weights(Path(candidates[best]["path"]))
+        run.load_weights(Path(candidates[best]["path"]))
     summary = {
         "questions": len(questions),
         "selected_step": candidates[best]["step"],
@@ -413,11 +411,11 @@ def select_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "candidates": [{k: v for k, v in c.items() if k != "result"} for c in candidates],
         "wall_s": time.perf_counter() - start,
     }
-    if trainer.world.is_main:
+    if run.world.is_main:
         full = {
             **summary,
             "settings": validation_settings(config, questions),
             "results": [c["result"] for c in candidates],
         }
-        _write_json(trainer.run_dir / "validation.json", full)
+        _write_json(run.run_dir / "validation.json", full)
     return summary

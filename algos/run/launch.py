@@ -1,4 +1,4 @@
-"""The entry points' shared body: parse the command line, train the trainer class the entry point names, and print
+"""The entry points' shared body: parse the command line, train a run of the algorithm the entry point names, and print
 a fault as one line.
 
 The exit status is 1 for a fault, 2 for settings, data files, a run directory in use and a model that does not
@@ -24,7 +24,7 @@ from algos.run import control as run_control
 from algos.run.cli import parse_config
 from algos.run.logs import quiet_http_logs
 from algos.run.memory import DoesNotFit
-from algos.run.training_run import TrainingStopped
+from algos.run.training_run import TrainingRun, TrainingStopped
 from envs.data import DataError
 from retrievers.corpus import CorpusError
 
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str 
         description: The entry point's ``--help`` text.
     """
     config = parse_config(argv, algo=algo, description=description)
-    trainer_cls = algorithm(algo).learner_class()
+    algorithm(algo).learner_class()  # a learner that cannot be imported fails here, before any setup
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     quiet_http_logs()
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str 
     try:
         try:
             with run_control.StopSignals(at_once=True):  # SIGTERM or Ctrl-C in setup ends it: nothing trained yet
-                trainer = trainer_cls(config)
+                run = TrainingRun(config)
         except (DataError, CorpusError, FileExistsError, FileNotFoundError, DoesNotFit, run_control.RunDirInUse) as err:
             _exit_with(err, 2)  # a user's data or corpus, run dir (holding checkpoints, or in use) or model size
         except ImportError as err:  # an optional dependency that cannot serve (a vLLM without in-place weight updates)
@@ -72,11 +72,11 @@ def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str 
             command = run_control.rerun_command(args, config.run.output_dir, resume=config.run.resume)
             _stop_with(err, command, show=True)
         try:
-            return trainer.train()
+            return run.train()
         except (TrainingStopped, EvaluationFailed) as err:  # EvaluationFailed: the held-out scoring's server failed
             _exit_with(err, 1)
         except CheckpointWriteError as err:  # a full or read-only disk: the checkpoints written before it are intact
-            latest = find_latest(trainer.checkpoint_dir)
+            latest = find_latest(run.checkpoint_dir)
             command = run_control.rerun_command(args, config.run.output_dir, resume=latest is not None)
             where = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written yet"
             _exit_with(OSError(f"{err}; {where}: once there is room (or it is writable again), run {command}"), 1)
@@ -85,9 +85,9 @@ def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str 
             raise
         except run_control.Interrupted as err:  # a checkpoint of the last finished step is on disk
             command = run_control.rerun_command(args, config.run.output_dir, resume=True)
-            _stop_with(err, command, show=trainer.world.is_main)
+            _stop_with(err, command, show=run.world.is_main)
         finally:
-            trainer.close()
+            run.close()
     finally:
         run_control.release_run_dir(
             config.run.output_dir

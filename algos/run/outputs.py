@@ -1,5 +1,5 @@
-"""What a finished run publishes with its weights: final/'s model card and run config, readable file modes, the
-end-of-run wandb tables and images, and the optional upload of final/ to the Hugging Face Hub.
+"""What a run publishes: its wandb run (`start_wandb`), and with its final weights final/'s model card and run config,
+readable file modes, the end-of-run wandb tables and images, and the optional upload of final/ to the Hugging Face Hub.
 
     python -m algos.red_grpo --push-to-hub USER/redcoda-smollm2   # at the end (rank 0): final/ goes to the hub
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,8 @@ from algos.registry import algorithm
 
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "redcoda_config.json"
 """The run's settings, in final/ and in the run directory."""
@@ -378,3 +382,37 @@ def wandb_outputs(
     if curves is not None and Path(curves).is_file():
         payload["curves"] = wandb.Image(str(curves))
     return payload
+
+
+def start_wandb(config: Any, run_dir: Path) -> Any:
+    """The run's wandb run (rank 0's), resumed under the id kept in ``run_dir/wandb_id``; offline unless logged in
+    (WANDB_MODE is respected); None where wandb is not installed."""
+    try:
+        import wandb
+    except ImportError:
+        logger.warning("wandb is not installed (pip install wandb); logging to metrics.jsonl only")
+        return None
+    mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+    id_file.write_text(run_id)
+    return wandb.init(
+        project=config.run.wandb_project,
+        name=config.run.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        mode=mode,
+        config=config.flat(),
+    )
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False

@@ -1,15 +1,16 @@
 """A training run around the algorithm: setup, the steps, metrics and wandb, the end of the run.
 
-`algos.trainer.Trainer` is the algorithm (its `train_step`); `TrainingRun`, its base class, is what a run
-needs around it:
+`TrainingRun` is what a run needs around its algorithm, and holds the algorithm's learner (``run.learner``, an
+`algos.run.learner.Learner` of the class ``config.run.algo`` names: `algos.trainer.Trainer` for the GRPO family),
+which it calls each step:
 
 - setup from a `Config` (the parts come from `algos.run.setup`): seeds, the model (optionally LoRA) and tokenizer,
   the sampler, the agent, the rollout collector over ``gym.make(config.env.env_id, **config.env_kwargs)``, the oracle
-  demonstrations when the weighting rule has an SFT term, the optimizer;
+  demonstrations when the weighting rule has an SFT term, the learner, the optimizer;
 - ``--resume``, checkpoints and the weight average (`algos.run.checkpointing.RunCheckpoints`, a base class);
-- `steps`: train steps to ``config.optim.steps`` or the training-time budget (the lr following ``lr_schedule``), a
-  checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless logged in;
-  WANDB_MODE is respected);
+- `steps`: the learner's steps to ``config.optim.steps`` or the training-time budget (the lr following
+  ``lr_schedule``), a checkpoint every ``save_every``, each step's metrics to metrics.jsonl and wandb (offline unless
+  logged in; WANDB_MODE is respected);
 - `train`: the last checkpoint, the final model and what is published with it (`algos.run.finish.RunFinish`, a
   base class), the trained and the starting model scored on held-out questions (`algos.run.evaluation.before_after`);
 - data parallelism under ``torchrun`` (`algos.distributed`): this rank's device, its share of the collector's
@@ -27,9 +28,7 @@ import copy
 import json
 import logging
 import math
-import os
 import random
-import secrets
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -46,9 +45,11 @@ from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state
 from algos.config import Config
 from algos.registry import algorithm
 from algos.run import control as run_control
+from algos.run import outputs
 from algos.run import setup as run_setup
 from algos.run.checkpointing import RunCheckpoints, changed_settings
 from algos.run.finish import RunFinish, print_summary
+from algos.run.learner import Learner
 from algos.sft_data import load_demonstrations
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from envs.data import DataError
@@ -103,18 +104,26 @@ class TimedSampler(SamplerWrapper):
 
 
 class TrainingRun(RunCheckpoints, RunFinish):
-    """Everything of a run but the algorithm. A subclass (`algos.trainer.Trainer`) provides `train_step`,
-    `sft_step` and the learner seams the setup and checkpoints call (`init_learner`, `learner_param_groups`,
-    `learner_state_dict`, `load_learner_state_dict`).
+    """Everything of a run but the algorithm, which it holds as ``self.learner`` (`algos.run.learner.Learner`) and
+    calls: `Learner.param_groups` for the optimizer, `Learner.train_step` or `Learner.sft_step` each step (as the
+    algorithm's `algos.registry.Algorithm.step` says), `Learner.state_dict` in every checkpoint. The learner counts
+    its update with `finish_update`.
+
+        run = TrainingRun(preset_config("tiny", run_dir="runs/tiny"))
+        metrics = run.learner.train_step()
 
     Args:
         config: The run's settings.
         weighting: The SFT weighting rule; None builds the one of ``config.run.algo``.
+        learner: The learner's class; None takes the one ``config.run.algo``'s registry entry names.
     """
 
-    def __init__(self, config: Config, weighting: SFTWeighting | None = None) -> None:
+    def __init__(
+        self, config: Config, weighting: SFTWeighting | None = None, learner: type[Learner] | None = None
+    ) -> None:
         self.config = config
         self.started = time.perf_counter()  # the summary's process wall time counts from here
+        learner_class = learner or algorithm(config.run.algo).learner_class()  # an unimportable one fails here
         self.threads = run_control.TorchThreads(config.run.torch_threads)  # logged; re-checked between steps
         random.seed(config.run.seed)
         np.random.seed(config.run.seed)
@@ -145,7 +154,10 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 if uses_sft
                 else []
             )
-        self.init_learner()
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.step = 0
+        self.learner: Learner = learner_class(self)
+        """The algorithm: it makes the batch and its loss terms, and updates the policy (`steps` calls it)."""
         self.masked_head = masked_head_matches(self.policy, len(self.tokenizer), self.device)
         """Whether log-probs are computed at loss-mask positions only (`algos.batch.masked_token_logprobs`)."""
         if not config.optim.context_grad and not self.masked_head:
@@ -154,10 +166,6 @@ class TrainingRun(RunCheckpoints, RunFinish):
         self.average = self._new_average()
         """The moving average of the policy's trainable weights (``weight_average``), parameter by parameter; None
         without one. Sampling and the update use the weights themselves; the final model is the average."""
-        self.pad_id = int(self.tokenizer.pad_token_id or 0)
-        self.step = 0
-        self.last_step_tied = False
-        """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
         self.stopped_early = False
         self.elapsed = 0.0  # training seconds of this run's earlier processes (resumed runs)
         self._unsaved_metrics: list[dict[str, Any]] = []  # the next checkpoint carries them
@@ -168,7 +176,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self.metrics_path.write_text("")
         else:
             restored = self.load(resume_from)
-        self._wandb = self._init_wandb() if config.run.wandb and self.world.is_main else None
+        self._wandb = outputs.start_wandb(config, self.run_dir) if config.run.wandb and self.world.is_main else None
         for row in restored:  # checkpointed rows a killed process never logged
             self._log_wandb(row)
         self.push_weights(force=True)  # a sampler with its own copy starts from these weights (resumed ones too)
@@ -210,7 +218,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         if self.config.run.fsdp and not self.fsdp:
             logger.info("--fsdp: one process has nothing to shard; the model trains whole")
         self.trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        learner_groups = self.learner_param_groups()
+        learner_groups = self.learner.param_groups()
         self.optimizer = run_setup.make_optimizer(self.config, self.trainable, learner_groups)
         self.trainable = self.trainable + [p for group in learner_groups for p in group["params"]]
         self.ddp = None if self.fsdp else distributed.wrap_ddp(self.policy, self.device)  # None for one process
@@ -258,6 +266,17 @@ class TrainingRun(RunCheckpoints, RunFinish):
         with self.full_weights(), _merged_lora(self.peft_model):
             self.collector.update_policy_weights_(list(_engine_weights(self.policy)))
         return time.perf_counter() - start
+
+    def finish_update(self, *, push: bool = True) -> float | None:
+        """Count the update the learner just made (``step`` + 1) and, with `push`, hand the new weights to a sampler
+        that keeps its own copy (`push_weights`); the learner calls this after its optimizer step, before it builds
+        the step's metrics row (which carries the new step).
+
+        Returns:
+            The push's seconds (`push_weights`); None without a push or for a sampler without weights of its own.
+        """
+        self.step += 1
+        return self.push_weights() if push else None
 
     def sync_gradients(self) -> None:
         """Sum the accumulated gradients over the data-parallel ranks (no-op for one process; `algos.distributed`).
@@ -358,26 +377,6 @@ class TrainingRun(RunCheckpoints, RunFinish):
         return latest
 
     # --- metrics -------------------------------------------------------------------------------------------
-    def _init_wandb(self) -> Any:
-        try:
-            import wandb
-        except ImportError:
-            logger.warning("wandb is not installed (pip install wandb); logging to metrics.jsonl only")
-            return None
-        mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
-        id_file = self.run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-        id_file.write_text(run_id)
-        return wandb.init(
-            project=self.config.run.wandb_project,
-            name=self.config.run.name,
-            id=run_id,
-            resume="allow",
-            dir=str(self.run_dir),
-            mode=mode,
-            config=self.config.flat(),
-        )
-
     def check_run_dir(self) -> None:
         """Stop, before writing, if the run directory is no longer this run's (removed, or replaced by another run's,
         while this one ran: `run_control.RunDirLock.lost`). Every rank calls it; rank 0 holds the lock.
@@ -402,16 +401,6 @@ class TrainingRun(RunCheckpoints, RunFinish):
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=int(metrics["step"]))
 
-    def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
-        """The few numbers the progress bar shows after a step: reward, answer F1 where the env scores answers,
-        the SFT weight when the algorithm has an SFT term. Learners with their own key numbers extend it."""
-        fields = {"reward": f"{metrics['critic/rewards/mean']:.2f}"}
-        if "answer_f1/mean" in metrics:
-            fields["f1"] = f"{metrics['answer_f1/mean']:.3f}"
-        if self.weighting.uses_sft:
-            fields["w"] = f"{metrics.get('sft/weight', 0.0):.2f}"
-        return fields
-
     # --- the run -------------------------------------------------------------------------------------------
     def steps(self) -> Iterator[dict[str, float]]:
         """Run the remaining steps, checkpointing every ``save_every``; yield each step's metrics.
@@ -424,6 +413,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         budget = math.inf if cfg.optim.max_train_minutes is None else 60.0 * cfg.optim.max_train_minutes
         last_step = 0.0
         saved_step = self.step if cfg.run.resume else None  # a resumed run's step has its checkpoint on disk
+        sft = algorithm(cfg.run.algo).step == "sft"  # the learner's supervised step, else its RL step
         with run_control.StopSignals() as stop:
             while True:
                 # data parallel: a signal to any rank stops every rank after the same step
@@ -443,7 +433,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self.threads.recheck()
                 start = time.perf_counter()
                 self.set_lr()
-                metrics = self.sft_step() if algorithm(cfg.run.algo).step == "sft" else self.train_step()
+                metrics = self.learner.sft_step() if sft else self.learner.train_step()
                 self.update_average()
                 # data parallel: rank 0's clock on every rank, so all stop at the same step of a time budget (and set
                 # the same lr); a rank that stopped alone would leave the others waiting in a collective
@@ -487,7 +477,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         show = self.config.run.progress and self.world.is_main
         with tqdm(desc=self.config.run.name, disable=not show, dynamic_ncols=True, **bar_kwargs) as bar:
             for metrics in self.steps():
-                bar.set_postfix({"step": self.step, **self.progress_fields(metrics)}, refresh=False)
+                bar.set_postfix({"step": self.step, **self.learner.progress_fields(metrics)}, refresh=False)
                 bar.update(1 if budget is None else min(self.elapsed / 60, budget) - bar.n)
         summary: dict[str, Any] = {"run": self.config.run.name, "steps": self.step, "rank": self.world.rank}
         with run_control.StopSignals() as stop:  # a signal now waits for the final model, then skips the scoring
@@ -592,14 +582,3 @@ def lr_factor(schedule: str, done: float) -> float:
     if schedule == "cooldown":
         done = max(0.0, done - (1.0 - COOLDOWN)) / COOLDOWN
     return 1.0 - 0.9 * done
-
-
-def _wandb_logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        import netrc
-
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
