@@ -148,7 +148,6 @@ class VLLMSampler(TokenizerContext):
             self.llm.apply_model(_retie_lm_head)
         self.llm.reset_prefix_cache()
 
-
     def close(self) -> None:
         """Shut the engine down now (once; its finalizer would do it at exit). Under ``torchrun`` call it before the
         process group is destroyed: the engine's teardown destroys its own groups inside it, and after the default
