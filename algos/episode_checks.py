@@ -1,6 +1,7 @@
 """Checks of a training step's episodes before the update: a step whose searches or generations failed too often
 stops the run (`algos.run.training_run.TrainingStopped`) instead of training on episodes that say "Search failed"
-or hold empty turns. `algos.trainer.Trainer.check_retrieval` and ``check_sampler`` call these with the run's settings.
+or hold empty turns. The GRPO learner's `collect_rollouts` (`algos.trainer.Trainer`) calls both with the run's
+settings.
 """
 
 from __future__ import annotations
