@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from tyro.conf import OmitArgPrefixes
 
 from algos.presets import PRESETS
-from algos.registry import UnknownAlgorithm, algorithm
+from algos.registry import UnknownAlgorithm, algorithm, entry_command
 from algos.setting_checks import (
     CONFIG_RULES,
     check_finite,
@@ -157,10 +157,11 @@ class Config:
             algo = algorithm(self.run.algo)
         except UnknownAlgorithm as err:
             raise ValueError(str(err)) from None
+        values = self.flat() if algo.refuses else {}
         for name, why in algo.refuses.items():
             section = SECTIONS[SECTION_OF[name]] if name in SECTION_OF else type(self)
             default = next(spec.default for spec in dataclasses.fields(section) if spec.name == name)
-            value = self.flat()[name]
+            value = values[name]
             if value != default:
                 flag = name.replace("_", "-")
                 raise ValueError(f"--{flag} {value} is not honoured by {algo.name} ({why}): leave it unset")
@@ -232,7 +233,7 @@ class Config:
         if ranks > 1 and algo.single_process is not None:
             raise ValueError(
                 f"{algo.name} does not run data-parallel ({ranks} ranks): {algo.single_process}; run it as one "
-                f"process (python {' '.join(algo.command())})"
+                f"process ({entry_command(algo.name)})"
             )
         if ranks > 1 and self.rl.max_resample_batches:
             raise ValueError(

@@ -34,6 +34,7 @@ __all__ = [
     "UnknownAlgorithm",
     "algorithm",
     "algorithm_names",
+    "entry_command",
     "register_algorithm",
 ]
 
@@ -131,6 +132,13 @@ class Algorithm:
         if self.module is not None:
             return ["-m", self.module]
         return ["-m", "algos.train", "--algo", self.name]
+
+
+def entry_command(name: str) -> str:
+    """How a person starts algorithm `name` from a shell: ``python -m algos.red_grpo``, or ``python -m algos.train
+    --algo NAME`` for one without a module of its own or not registered in this process (another package's)."""
+    entry = _REGISTRY.get(name)
+    return "python " + " ".join(entry.command() if entry is not None else ["-m", "algos.train", "--algo", name])
 
 
 _REGISTRY: dict[str, Algorithm] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from algos.config import VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
 from algos.presets import PRESETS
-from algos.registry import UnknownAlgorithm, algorithm, algorithm_names
+from algos.registry import UnknownAlgorithm, algorithm, entry_command
 
 __all__ = ["load_config_file", "parse_config"]
 
@@ -61,8 +61,7 @@ def parse_config(argv: Sequence[str] | None = None, *, algo: AlgoName, descripti
     args = list(sys.argv[1:] if argv is None else argv)
     args, from_file = _config_file_values(args, config_cls)
     if from_file.get("algo", algo) != algo:  # the learner is the entry point's: a file never swaps it silently
-        other = algorithm(str(from_file["algo"])) if from_file["algo"] in algorithm_names() else None
-        how = f"python {' '.join(other.command())} --config FILE" if other is not None else "its own entry point"
+        how = f"{entry_command(str(from_file['algo']))} --config FILE"
         print(
             f"error: --config: the file holds a {from_file['algo']} run's settings (algo), not {algo}'s: train it "
             f"with {how}, or delete its algo line to train {algo} with its other settings",

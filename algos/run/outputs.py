@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from algos.registry import algorithm
+from algos.registry import algorithm, entry_command
 
 if TYPE_CHECKING:
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -226,8 +226,7 @@ def model_card(
         "|---|---|",
         settings,
         "",
-        f"Every setting is in `{CONFIG_FILE}` beside the weights: `python {' '.join(entry.command())} --config "
-        f"{CONFIG_FILE}`",
+        f"Every setting is in `{CONFIG_FILE}` beside the weights: `{entry_command(entry.name)} --config {CONFIG_FILE}`",
         "repeats the run.",
         "",
         "## Data",

@@ -43,7 +43,7 @@ from algos import distributed
 from algos.batch import masked_head_matches
 from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state, writing
 from algos.config import Config
-from algos.registry import algorithm
+from algos.registry import algorithm, entry_command
 from algos.run import control as run_control
 from algos.run import outputs
 from algos.run import setup as run_setup
@@ -354,7 +354,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         if saved.get("algo", self.config.run.algo) != self.config.run.algo:  # its state is another learner's
             raise DataError(
                 f"--resume: {latest} is a checkpoint of {saved['algo']}, this run is {self.config.run.algo}: resume it "
-                f"with python -m algos.{saved['algo']}, or start from its weights in another --run-dir with "
+                f"with {entry_command(saved['algo'])}, or start from its weights in another --run-dir with "
                 f"--model {self.run_dir / 'final'} (once it has finished)"
             )
         named = {name.replace("-", "_") for name in self.config.run.resume_changed}
