@@ -129,6 +129,23 @@ def test_seeded_rows_repeat_and_differ_from_each_other(engine, smollm2):
     assert len({c.token_ids for c in first}) > 1
 
 
+def test_a_batch_longer_than_one_engine_step_samples_seeded_rows_at_once(engine, smollm2, caplog):
+    # 64 rows of ~120 prompt tokens: more than the CPU build's 4,096 tokens a step, which with chunked prefill split a
+    # prefill and failed every seeded row ("CPU Generator does not use offset"), so the sampler fell back to one row
+    # at a time; the engine's settings keep every prefill whole
+    _, tokenizer = smollm2
+    text = " ".join(f"Passage {i}: the river crosses the valley north of the old town." for i in range(10))
+    prompts = [tokenizer(f"{i}. {text}", add_special_tokens=False)["input_ids"] for i in range(64)]
+    assert sum(map(len, prompts)) > 4096
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=11)
+    with caplog.at_level("WARNING", logger="agents.samplers.vllm_engine"):
+        first = engine.generate(prompts, params)
+        second = engine.generate(prompts, params)
+    assert not [r for r in caplog.records if "one by one" in r.getMessage()]
+    assert all(c.error is None and c.token_ids for c in first)
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+
+
 def _tiny_dir(tmp_path: Path, architecture: str) -> Path:
     from agents.models import tiny_model
 
