@@ -22,7 +22,9 @@ learning curves, report.json, `runs/` and `evals/` (`benchmarks.compare_runs` tr
 resumes: finished runs and evaluations are kept, an unfinished training continues from its checkpoint. An
 evaluation whose sampler or retriever errs on more than `--max-error-rate` of its episodes (5%) ends it with one line.
 Invocations side by side share the runs: each run is trained, then scored, by one of them at a time, and another
-that reaches it meanwhile skips it and names it as left out. `--report-only` trains and scores nothing.
+that reaches it meanwhile skips it and names it as left out. Runs go seed by seed (every system of seed 0, then of
+seed 1, ...), so two invocations side by side train the arms of one seed at the same time, sharing the machine's
+load. `--report-only` trains and scores nothing.
 """
 
 from __future__ import annotations
@@ -196,42 +198,61 @@ class _Results:
     missing: list[str] = dataclasses.field(default_factory=list)
 
 
-def _run_system(
-    system: System, args: argparse.Namespace, budget: Budget, config: Any, out: Path, got: _Results
+def _run_systems(
+    systems: list[System], args: argparse.Namespace, budget: Budget, config: Any, out: Path, got: _Results
 ) -> None:
-    """Train (or read) and score every seed of one system, adding what finished to `got`."""
-    evals, summaries = [], []
+    """Train (or read) and score every (system, seed), adding what finished to `got` system by system.
+
+    Seed by seed, every system of a seed before the next seed: two invocations side by side then train the arms of
+    one seed at the same time (the second skips the run the first has claimed and takes the next system), so the
+    arms of a seed share whatever load the machine carries."""
+    done: dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]] = {system.name: [] for system in systems}
     for seed in range(args.seeds):
-        name = f"{system.slug}-seed{seed}"
-        run_dir = out / "runs" / name
-        if args.report_only:
-            if not (run_dir / "summary.json").exists() or not (out / "evals" / f"{name}.json").exists():
-                got.missing.append(name)
-                continue
-            summary = json.loads((run_dir / "summary.json").read_text())
-        else:
-            try:
-                summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
-            except ClaimedElsewhere as err:  # a stream beside this one trains it: go on with the others
-                print(f"[compare] skipped: {err}", flush=True)
-                got.missing.append(name)
-                continue
-        summary.setdefault("tokens_sampled", metric_total(run_dir, "tokens/sampled"))
-        try:
-            result = evaluate_run(
-                name, summary["final_model"], budget, config, out / "evals", args.max_error_rate, str(run_dir / "final")
-            )
-        except ClaimedElsewhere as err:  # a stream beside this one scores it now
-            print(f"[compare] skipped: {err}", flush=True)
-            got.missing.append(name)
+        for system in systems:
+            finished = _run_one(system, seed, args, budget, config, out, got)
+            if finished is not None:
+                done[system.name].append(finished)
+    for system in systems:
+        if not done[system.name]:
             continue
-        got.run_dirs.setdefault(system.name, []).append(run_dir)
-        evals.append(result)
-        summaries.append(summary)
-        got.runs.append({**summary, "system": system.name, "eval": result["metrics"]})
-    if evals:
+        evals = [result for _, _, result in done[system.name]]
+        summaries = [summary for _, summary, _ in done[system.name]]
+        for run_dir, summary, result in done[system.name]:
+            got.run_dirs.setdefault(system.name, []).append(run_dir)
+            got.runs.append({**summary, "system": system.name, "eval": result["metrics"]})
         got.rows.append(summary_row(system.name, evals, summaries))
         got.evals[system.name] = evals
+
+
+def _run_one(
+    system: System, seed: int, args: argparse.Namespace, budget: Budget, config: Any, out: Path, got: _Results
+) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    """Train (or read) and score one seed of one system: its run folder, training summary and evaluation, or None
+    (named in `got.missing`) when it is not finished or another invocation holds it."""
+    name = f"{system.slug}-seed{seed}"
+    run_dir = out / "runs" / name
+    if args.report_only:
+        if not (run_dir / "summary.json").exists() or not (out / "evals" / f"{name}.json").exists():
+            got.missing.append(name)
+            return None
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        try:
+            summary = train(system.algo, seed, budget, args.protocol, run_dir, args.threads, system.flags)
+        except ClaimedElsewhere as err:  # a stream beside this one trains it: go on with the others
+            print(f"[compare] skipped: {err}", flush=True)
+            got.missing.append(name)
+            return None
+    summary.setdefault("tokens_sampled", metric_total(run_dir, "tokens/sampled"))
+    try:
+        result = evaluate_run(
+            name, summary["final_model"], budget, config, out / "evals", args.max_error_rate, str(run_dir / "final")
+        )
+    except ClaimedElsewhere as err:  # a stream beside this one scores it now
+        print(f"[compare] skipped: {err}", flush=True)
+        got.missing.append(name)
+        return None
+    return run_dir, summary, result
 
 
 def _score_baseline(args: argparse.Namespace, budget: Budget, config: Any, out: Path, got: _Results) -> None:
@@ -397,8 +418,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     got = _Results()
     try:
-        for system in systems:
-            _run_system(system, args, budget, config, out, got)
+        _run_systems(systems, args, budget, config, out, got)
         _score_baseline(args, budget, config, out, got)
     except EvaluationFailed as err:  # one line, exit 1: a dead server's zeros are no scores to report
         print(f"error: {err}", file=sys.stderr)

@@ -395,3 +395,37 @@ def test_bad_input_is_refused_in_one_line_before_anything_trains(argv, message, 
     assert "Traceback" not in err and sum("error: " in line for line in lines) == 1, err
     assert message in lines[-1], err
     assert not (tmp_path / "out" / "runs").exists() or not any((tmp_path / "out" / "runs").iterdir())
+
+
+def test_runs_go_seed_by_seed_so_that_streams_side_by_side_pair_the_arms_of_a_seed(tmp_path, monkeypatch):
+    """Every system of a seed is trained before the next seed; a run another stream holds is skipped; the report
+    still lists the runs system by system."""
+    import argparse
+
+    import benchmarks.compare as compare
+    from benchmarks.compare_runs import parse_system
+
+    trained = []
+
+    def train(algo, seed, budget, protocol, run_dir, threads, flags):
+        if (algo, seed) == ("sft", 0):
+            raise ClaimedElsewhere("sft-seed0 is trained by another comparison")
+        trained.append((algo, seed))
+        return {"final_model": str(run_dir / "final"), "tokens_sampled": 0}
+
+    monkeypatch.setattr(compare, "train", train)
+    monkeypatch.setattr(compare, "metric_total", lambda run_dir, key: 0)
+    monkeypatch.setattr(compare, "evaluate_run", lambda name, *args: {"metrics": {"f1": {"mean": 0.5}}, "name": name})
+    monkeypatch.setattr(compare, "summary_row", lambda name, evals, summaries: {"system": name, "n": len(evals)})
+    systems = [parse_system("sft"), parse_system("red_grpo")]
+    args = argparse.Namespace(seeds=2, report_only=False, threads=1, protocol="coda", max_error_rate=0.05)
+    got = compare._Results()
+    compare._run_systems(systems, args, None, None, tmp_path, got)
+    assert trained == [("red_grpo", 0), ("sft", 1), ("red_grpo", 1)]
+    assert got.missing == ["sft-seed0"]
+    assert [(run["system"], Path(run["final_model"]).parent.name) for run in got.runs] == [
+        ("sft", "sft-seed1"),
+        ("red_grpo", "red_grpo-seed0"),
+        ("red_grpo", "red_grpo-seed1"),
+    ]
+    assert got.rows == [{"system": "sft", "n": 1}, {"system": "red_grpo", "n": 2}]
