@@ -16,15 +16,13 @@ settings, `grpo_expert:expert_shaping=0.2`. `sft` is the SFT-only arm: `python -
 the same budget flags as every other system. Paired by question: RED minus every other system; without RED, `sft`
 minus every other; else the first system minus the rest.
 
-`--out` receives table.md and table.csv (mean and 95% CI across seeds, the paired tests, one line per run), the
-learning curves, report.json, `runs/` and `evals/` (`benchmarks.compare_runs` trains and scores,
-`benchmarks.compare_report` writes; docs/results/comparison.md lists every file). An interrupted comparison
+`--out` receives table.md and table.csv (mean and 95% CI across seeds, paired tests, one line per run), the learning
+curves, report.json, `runs/` and `evals/` (docs/results/comparison.md lists every file). An interrupted comparison
 resumes: finished runs and evaluations are kept, an unfinished training continues from its checkpoint. An
 evaluation whose sampler or retriever errs on more than `--max-error-rate` of its episodes (5%) ends it with one line.
-Invocations side by side share the runs: each run is trained, then scored, by one of them at a time, and another
-that reaches it meanwhile skips it and names it as left out. Runs go seed by seed (every system of seed 0, then of
-seed 1, ...), so two invocations side by side train the arms of one seed at the same time, sharing the machine's
-load. `--report-only` trains and scores nothing.
+Invocations side by side share the runs (each is trained, then scored, by one of them; another skips it and names it
+as left out). Runs go seed by seed, so two invocations side by side train one seed's arms at the same time, sharing
+the machine's load. `--report-only` trains and scores nothing.
 """
 
 from __future__ import annotations
