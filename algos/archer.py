@@ -25,14 +25,13 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos.config import Config
 from algos.run.launch import main as train
 from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
-from algos.value import TurnCritic, turn_features, turn_spans, whiten
+from algos.value import TurnCritic, turn_features, turn_spans
 
 __all__ = ["ARCHER_DEFAULTS", "ARCHER_PRESETS", "ArCHerConfig", "ArCHerTrainer", "TurnReplay", "main"]
 
@@ -327,12 +326,13 @@ class ArCHerTrainer(Trainer):
         self.target_updates += 1
 
     # --- the step ----------------------------------------------------------------------------------------
-    def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
+    def advantage_inputs(
+        self, episodes: Sequence[Any], batch: TensorDict, metrics: dict[str, float]
+    ) -> dict[str, torch.Tensor]:
+        """Encode the batch's turns, push them into the replay buffer, train the critic on it and give each turn's
+        ``min(Q1, Q2) - V`` and where its tokens are to the ``q_minus_v`` estimator."""
         cfg = self.config
-        batch = collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
-        # old_logp=recompute: the training model's old log-probs, and how far the sampler's were (mismatch/*)
-        mismatch = self._old_logp(batch) if cfg.recompute_old_logp else {}
-        turns, places = self.encode_turns(trajectories)
+        turns, places = self.encode_turns(episodes)
         self.replay.push(turns)
         critic_metrics: list[dict[str, float]] = [
             self.critic_update(self.replay.sample(cfg.critic_batch_size)) for _ in range(cfg.critic_updates)
@@ -340,24 +340,16 @@ class ArCHerTrainer(Trainer):
         with torch.no_grad():
             q = torch.minimum(*self.critic.q(turns["state_action"].to(self.run.device))).cpu()  # (K,)
             v = self.critic.value(turns["state"].to(self.run.device)).cpu()  # (K,)
-        turn_adv = q - v  # (K,)
-        scaled = whiten(turn_adv, torch.ones_like(turn_adv, dtype=torch.bool)) if cfg.whiten_advantages else turn_adv
-        adv = torch.zeros(batch["loss_mask"].shape)  # (N, T-1)
-        for (row, start, end), value in zip(places, scaled.tolist(), strict=True):
-            adv[row, start - 1 : end - 1] = value  # column t scores token t+1
-        batch["adv"] = torch.where(batch["loss_mask"], adv, torch.zeros_like(adv))
-        metrics = {
-            "critic/advantages/abs_mean": float(turn_adv.abs().mean()),
+        metrics |= {
             "critic/v_mean": float(v.mean()),
             "critic/turns": float(len(places)),
             "critic/replay_size": float(len(self.replay)),
             "critic/updates": float(self.critic_steps),
             "critic/target_updates": float(self.target_updates),
-            **mismatch,
         }
         for key in ("critic/loss_q", "critic/loss_v", "critic/q_mean"):
             metrics[key] = sum(m[key] for m in critic_metrics) / max(len(critic_metrics), 1)
-        return batch, metrics
+        return {"turn_adv": q - v, "turn_spans": torch.tensor(places, dtype=torch.long).reshape(-1, 3)}  # (K,), (K, 3)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from tyro.conf import OmitArgPrefixes
 
+from algos.objectives.honours import refusal
+from algos.objectives.registry import estimator
 from algos.presets import PRESETS
 from algos.registry import UnknownAlgorithm, algorithm, entry_command
 from algos.setting_checks import (
@@ -63,6 +65,9 @@ __all__ = [
 
 QUERY_REWRITE_ENV = "RedCoda-QueryRewrite-v0"
 
+RENAMED = {"pg_token_norm": ("loss_agg", lambda v: {"all": "token-mean", "signal": "signal-token-mean"}.get(v, v))}
+"""Settings renamed since runs were saved: old flat name -> (new name, old value -> new value)."""
+
 
 @dataclass(frozen=True)
 class Config:
@@ -97,6 +102,9 @@ class Config:
         """
         sections: dict[str, dict[str, object]] = {}
         own: dict[str, object] = {}
+        for old, (new, translate) in RENAMED.items():  # a run saved before the rename resumes as it trained
+            if old in values:
+                values = {k: v for k, v in values.items() if k != old} | {new: translate(values[old])}
         for name, value in values.items():
             if name in SECTION_OF:
                 sections.setdefault(SECTION_OF[name], {})[name] = value
@@ -152,19 +160,29 @@ class Config:
         self._check_processes(int(os.environ.get("WORLD_SIZE", "1")))  # data-parallel ranks (torchrun)
 
     def _check_algorithm(self) -> None:
-        """The algorithm is registered (`algos.registry`), and no setting it cannot honour is changed."""
+        """The algorithm is registered (`algos.registry`), and every setting changed from what it gets by its preset
+        and defaults is honoured by some part of it (`algos.objectives.honours`)."""
         try:
             algo = algorithm(self.run.algo)
         except UnknownAlgorithm as err:
             raise ValueError(str(err)) from None
-        values = self.flat() if algo.refuses else {}
-        for name, why in algo.refuses.items():
-            section = SECTIONS[SECTION_OF[name]] if name in SECTION_OF else type(self)
-            default = next(spec.default for spec in dataclasses.fields(section) if spec.name == name)
-            value = values[name]
-            if value != default:
-                flag = name.replace("_", "-")
-                raise ValueError(f"--{flag} {value} is not honoured by {algo.name} ({why}): leave it unset")
+        token = VALIDATE_ON_INIT.set(False)
+        try:
+            names = type(self).flat_types()  # a plain Config of a learner with settings of its own lacks those
+            own = {k: v for k, v in algo.defaults_for(self.run.preset).items() if k in names}
+            baseline = preset_config(self.run.preset, type(self), **own, algo=algo.name)
+            plain = type(self)()
+        finally:
+            VALIDATE_ON_INIT.reset(token)
+        refused = refusal(self, baseline, plain)
+        if refused is not None:
+            raise ValueError(refused)
+        from algos.objectives.registry import aggregation
+
+        try:
+            aggregation(self.rl.loss_agg)
+        except ValueError as err:
+            raise ValueError(str(err)) from None
 
     def _check_env_and_data(self) -> None:
         """The retriever, the context length, the group size and the held-out questions."""
@@ -195,10 +213,10 @@ class Config:
                     f"--tree-roots ({self.rl.tree_roots}) x (1 + rounds x --tree-branches ({self.rl.tree_branches})) "
                     f"with at least one round, e.g. {self.rl.tree_roots * (1 + self.rl.tree_branches)}"
                 ) from None
-        if algorithm(self.run.algo).groups and self.rl.group_size < 2:
+        if algorithm(self.run.algo).step == "rl" and estimator(self.advantage).groups and self.rl.group_size < 2:
             raise ValueError(
-                f"--group-size must be >= 2 for {self.run.algo}, got {self.rl.group_size} "
-                "(GRPO's advantages compare the episodes of a group: with one episode every advantage is 0)"
+                f"--group-size must be >= 2 for {self.run.algo} with --advantage {self.advantage}, got "
+                f"{self.rl.group_size} (its advantages compare the episodes of a group: with one every advantage is 0)"
             )
         if self.rl.tie_probe_questions is not None and self.rl.tie_probe_questions > self.rl.questions_per_step:
             raise ValueError(
@@ -296,6 +314,15 @@ class Config:
             **server,
             **{name: value for name, value in optional.items() if value is not None},
         }
+
+    @property
+    def advantage(self) -> str:
+        """The advantage estimator's name: ``--advantage``, else the algorithm's own ("tree" for "group" under
+        ``--rollout tree``)."""
+        if self.rl.advantage is not None:
+            return self.rl.advantage
+        own = algorithm(self.run.algo).advantage
+        return "tree" if own == "group" and self.rl.rollout == "tree" else own
 
     @property
     def recompute_old_logp(self) -> bool:

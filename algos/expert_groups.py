@@ -20,18 +20,20 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos import distributed
 from algos.config import Config
-from algos.losses import entropy_estimate, policy_loss
+from algos.losses import entropy_estimate
+from algos.objectives.advantages import Advantages
+from algos.objectives.policy_losses import LossScale
+from algos.objectives.registry import estimator
 from algos.off_policy import shaped_expert_loss
 from algos.run import setup as run_setup
 from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied
-from algos.trainer import Trainer, episode_advantages
+from algos.trainer import Trainer
 
 __all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer"]
 
@@ -58,6 +60,11 @@ class ExpertConfig(Config):
                 ("expert_shaping", positive, "> 0"),
             ),
         )
+        if estimator(self.advantage).per != "episode":
+            raise ValueError(
+                f"--advantage {self.advantage} gives token advantages; an expert member needs its episode's: use an "
+                "estimator of episode advantages (group, dr_grpo, rloo, tree)"
+            )
         if self.grounded_expansion and self.rl.rollout == "tree":
             raise ValueError("--grounded-expansion plays independent episodes: use it with --rollout group")
 
@@ -84,7 +91,7 @@ class ExpertTrainer(Trainer):
            [--grounded-expansion: trajectories = expand(trajectories), below]
         2. experts = oracle.rollout(same envs, same questions)  # expert_members per question, the env's reward;
                                                                 # failed ones (F1 0, ungrounded, too long) skipped
-        3. adv = group_advantages(rewards of both, group_id)    # an expert is one more member of its group
+        3. adv = estimator(rewards of both, group_id)            # an expert is one more member of its group
         4. loss = loss_pg(on-policy tokens: clipped, r = pi / pi_old)
                 + loss_expert(expert tokens: -adv * pi / (pi + gamma), unclipped)   # one token mean over both
                 [+ kl_coef * loss_kl(on-policy tokens)]
@@ -226,48 +233,47 @@ class ExpertTrainer(Trainer):
         )
 
     # --- the step ------------------------------------------------------------------------------------------
-    def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
-        """The RL batch of the sampled episodes and their groups' expert members, each row marked ``expert``."""
-        cfg = self.config
-        expansion = {"expansion_groups": 0.0, "expansion_replaced": 0.0, "expansion_gain": 0.0}
-        metrics: dict[str, float] = {}
-        if cfg.grounded_expansion:
+    def batch_episodes(self, trajectories: Sequence[Trajectory], metrics: dict[str, float]) -> list[Trajectory]:
+        """The sampled episodes (expanded with ``--grounded-expansion``) and their groups' expert members."""
+        self._expansion = {"expansion_groups": 0.0, "expansion_replaced": 0.0, "expansion_gain": 0.0}
+        if self.config.grounded_expansion:
             seconds, tokens = self.run.sampler.seconds, self.run.sampler.tokens
             start = time.perf_counter()
-            trajectories, expansion = self.expand(trajectories)
+            trajectories, self._expansion = self.expand(trajectories)
             metrics["time/expansion"] = time.perf_counter() - start
             self.run.sampler.seconds, self.run.sampler.tokens = seconds, tokens  # time/generation stays the rollouts'
         start = time.perf_counter()
-        experts, played = self.expert_episodes(trajectories)
+        experts, self._played = self.expert_episodes(trajectories)
         metrics["time/experts"] = time.perf_counter() - start
-        episodes = [*trajectories, *experts]
-        is_expert = torch.tensor([False] * len(trajectories) + [True] * len(experts))  # (B,)
-        rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
-        # --rollout tree: an expert is a tree of its own, its within-tree term 0 and its within-group term counted
-        adv = episode_advantages(episodes, scale=cfg.rl.advantage_std_scale)  # (B,)
-        batch = collate_trajectories(episodes, pad_token_id=self.run.pad_id)
-        batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
+        self._sampled = len(trajectories)
+        return [*trajectories, *experts]
+
+    def collate(self, episodes: Sequence[Trajectory]) -> TensorDict:
+        """The shared collation, each row marked ``expert``."""
+        batch = super().collate(episodes)
+        is_expert = torch.arange(len(episodes)) >= self._sampled  # (B,)
         batch["expert"] = is_expert[batch["episode_id"]]  # (N,)
-        metrics["critic/advantages/abs_mean"] = float(adv.abs().mean())
-        if cfg.recompute_old_logp:  # the sampled rows only: an expert has no sampler to compare with
-            rows = torch.nonzero(~batch["expert"]).squeeze(-1)  # (n,)
-            sampled = batch[rows]
-            metrics.update(self._old_logp(sampled))
-            batch["old_logp"][rows] = sampled["old_logp"]
-            if "is_weight" in sampled.keys():
-                batch["is_weight"] = torch.zeros_like(batch["old_logp"])  # (N, T-1): unused on expert rows
-                batch["is_weight"][rows] = sampled["is_weight"]
+        return batch
+
+    def score_rows(self, batch: TensorDict) -> torch.Tensor:
+        """The sampled rows only: an expert has no sampler to compare with."""
+        return torch.nonzero(~batch["expert"]).squeeze(-1)  # (n,)
+
+    def observe_advantages(self, episodes: Sequence[Trajectory], batch: TensorDict, adv: Advantages) -> None:
+        """The experts' counts, summed over the ranks in `collect_rollouts`."""
+        is_expert = torch.arange(len(episodes)) >= self._sampled  # (B,)
+        rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
+        sampled = episodes[: self._sampled]
         self._expert_counts = {
-            "groups": float(len({t.group_id for t in trajectories})),
-            "groups_with_expert": float(len({t.group_id for t in experts})),
-            "members": float(len(experts)),
-            "played": float(played),
-            "advantage_sum": float(adv[is_expert].sum()),
+            "groups": float(len({t.group_id for t in sampled})),
+            "groups_with_expert": float(len({t.group_id for t in episodes[self._sampled :]})),
+            "members": float(len(episodes) - self._sampled),
+            "played": float(self._played),
+            "advantage_sum": float(adv.values[is_expert].sum()),
             "reward_sum": float(rewards[is_expert].sum()),
             "untied": float(not rewards_tied(episodes)),
-            **expansion,
+            **self._expansion,
         }
-        return batch, metrics
 
     def collect_rollouts(self) -> Rollouts:
         """The shared first half of the step, with the entropy estimate over the sampled tokens only, the tie test
@@ -301,7 +307,7 @@ class ExpertTrainer(Trainer):
             rollouts, rl_entropy=rl_entropy, batch_metrics={**rollouts.batch_metrics, **expert_metrics}
         )
 
-    def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
+    def rl_loss_terms(self, part: TensorDict, scale: LossScale) -> TensorDict:
         """``loss_pg`` on the sampled tokens, ``loss_expert`` on the expert tokens (and ``loss_kl`` on the sampled).
 
         Per-token metrics come back as sums over their own tokens divided by the micro-batch's token count, so the
@@ -313,17 +319,8 @@ class ExpertTrainer(Trainer):
         expert_rows = part["expert"].unsqueeze(-1)  # (n, 1)
         sampled, expert = mask & ~expert_rows, mask & expert_rows  # (n, L-1) each
         logp, _ = self._logprobs(self.run.policy, part, temperature=cfg.rl.temperature)  # (n, L-1)
-        terms = policy_loss(
-            logp,
-            part["old_logp"],
-            part["adv"],
-            sampled,
-            cfg.rl.clip_eps,
-            cfg.rl.clip_eps_high,
-            num_tokens=num_tokens,
-            is_weight=part.get("is_weight", None),
-        )
-        shaped = shaped_expert_loss(logp, part["adv"], expert, cfg.expert_shaping, num_tokens=num_tokens)
+        terms = self.pg_terms(part, logp, sampled, scale)
+        shaped = shaped_expert_loss(logp, part["adv"], expert, cfg.expert_shaping, num_tokens=scale.all_tokens)
         terms["loss_expert"] = shaped["loss_expert"]
         n_all = float(mask.sum()) or 1.0
         sampled_share, expert_share = float(sampled.sum()) / n_all, float(expert.sum()) / n_all
@@ -332,7 +329,7 @@ class ExpertTrainer(Trainer):
         terms["expert_tokens"] = torch.tensor(expert_share)
         terms["expert_shaped_ratio"] = shaped["shaped_ratio"] * expert_share
         terms["expert_prob"] = shaped["prob"] * expert_share
-        loss_kl = self.kl_loss(part, logp, sampled, num_tokens)  # the sampled tokens only
+        loss_kl = self.kl_loss(part, logp, sampled, scale.all_tokens)  # the sampled tokens only
         if loss_kl is not None:
             terms["loss_kl"] = loss_kl
         return terms

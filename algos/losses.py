@@ -32,6 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 __all__ = [
+    "clipped_objective",
     "entropy_estimate",
     "group_advantages",
     "kl_penalty",
@@ -130,6 +131,35 @@ def tree_advantages(
     return within_tree + group_advantages(rewards, group_id, eps=eps, scale=scale)
 
 
+def clipped_objective(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_eps: float = 0.2, clip_eps_high: float | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per token, with ``r = exp(logp - old_logp)``: ``max(-adv * r, -adv * clip(r, 1 - clip_eps, 1 + clip_eps_high))``.
+
+    Args: as `policy_loss`'s.
+
+    Returns:
+        ``(per_token (N, L), clip_fraction, approx_kl)``: the objective at every position (off the mask the ratio is
+        1), the share of masked tokens whose ratio lies outside the clip window and the k3 estimate of
+        KL(old || current) over them (both detached scalars).
+    """
+    if adv.ndim == 1:
+        adv = adv.unsqueeze(-1)  # (N, 1), broadcasts over tokens
+    keep = mask.bool()
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    # Zero the log-ratio off the mask before exp: garbage there (e.g. -inf padding) would give inf * 0.
+    log_ratio = torch.where(keep, logp - old_logp.detach(), torch.zeros((), dtype=logp.dtype, device=logp.device))
+    ratio = log_ratio.exp()  # (N, L)
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
+    per_token = torch.maximum(pg_unclipped, pg_clipped)  # (N, L)
+    with torch.no_grad():
+        outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(logp.dtype)
+        clip_fraction = masked_mean(outside, mask)
+        approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
+    return per_token, clip_fraction, approx_kl
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -163,23 +193,10 @@ def policy_loss(
         (share of masked tokens whose ratio lies outside the clip window) and ``approx_kl`` (k3 estimate of
         KL(old || current) over masked tokens, ``mean(r - 1 - log r)``), both detached.
     """
-    if adv.ndim == 1:
-        adv = adv.unsqueeze(-1)  # (N, 1), broadcasts over tokens
-    keep = mask.bool()
-    high = clip_eps if clip_eps_high is None else clip_eps_high
-    # Zero the log-ratio off the mask before exp: garbage there (e.g. -inf padding) would give inf * 0.
-    log_ratio = torch.where(keep, logp - old_logp.detach(), torch.zeros((), dtype=logp.dtype, device=logp.device))
-    ratio = log_ratio.exp()  # (N, L)
-    pg_unclipped = -adv * ratio
-    pg_clipped = -adv * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    per_token = torch.maximum(pg_unclipped, pg_clipped)  # (N, L)
+    per_token, clip_fraction, approx_kl = clipped_objective(logp, old_logp, adv, mask, clip_eps, clip_eps_high)
     if is_weight is not None:
         per_token = per_token * is_weight.detach().to(per_token.dtype)
     loss_pg = masked_mean(per_token, mask, num_tokens)
-    with torch.no_grad():
-        outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(logp.dtype)
-        clip_fraction = masked_mean(outside, mask)
-        approx_kl = masked_mean(ratio - 1.0 - log_ratio, mask)
     return TensorDict({"loss_pg": loss_pg, "clip_fraction": clip_fraction, "approx_kl": approx_kl}, batch_size=[])
 
 

@@ -1,12 +1,12 @@
 """PPO: a token-level value head, GAE advantages and the clipped objective, on the shared training loop.
 
-One step (the loop is the `algos.trainer.Trainer` learner's; this file only changes the advantages and the loss):
+One step (the loop is the `algos.trainer.Trainer` learner's; this file adds a value head to it):
 
     trajectories = next(iter(collector)) records                   # B episodes (questions x group_size)
     batch = collate_trajectories(trajectories)                     # (N, T) contexts, (N, T-1) token tensors
-    old_values = V(states)  [ref_logp = ref(tokens)]               # (N, T-1), no grad, before the update
+    old_values = V(states)  [ref_logp = ref(tokens)]               # (N, T-1), the step's one scoring pass
     r_t = -kl_coef * kl(old_logp, ref_logp)_t  (+ episode reward on the episode's last sampled token)
-    adv, returns = GAE(r, old_values; gamma, lambda)               # per episode, over its sampled tokens
+    adv, returns = GAE(r, old_values; gamma, lambda)               # --advantage gae (`algos.objectives.advantages`)
     adv = whiten(adv)                                              # over the (global) batch's sampled tokens
     for epoch in range(update_epochs):                             # the same batch, one AdamW step each
         loss = loss_pg(logp, old_logp, adv; clip 0.2) + vf_coef * loss_value(V, old_values, returns; clip)
@@ -30,18 +30,17 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from agents.collate import collate_trajectories
 from algos import distributed
-from algos.batch import micro_batches
 from algos.config import QUERY_REWRITE_ENV, Config
-from algos.losses import kl_per_token, policy_loss
+from algos.losses import kl_per_token
+from algos.objectives.policy_losses import LossScale
 from algos.run.launch import main as train
 from algos.run.training_run import TrainingRun
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
-from algos.value import ValueHead, episode_gae, logprobs_and_values, value_loss, whiten
+from algos.value import ValueHead, logprobs_and_values, value_loss
 
-__all__ = ["PPO_DEFAULTS", "PPO_PRESETS", "PPOConfig", "PPOTrainer", "main", "token_rewards"]
+__all__ = ["PPO_DEFAULTS", "PPO_PRESETS", "PPOConfig", "PPOTrainer", "main"]
 
 
 @dataclass(frozen=True)
@@ -99,36 +98,6 @@ PPO_PRESETS: dict[str, dict[str, object]] = {
     "tiny": {"questions_per_step": 4, "max_new_tokens": 12, "value_lr": 1e-2},
 }
 """Per-preset PPO defaults over `PPO_DEFAULTS` (flags still override them)."""
-
-
-def token_rewards(
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    episode_id: torch.Tensor,
-    kl: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-) -> torch.Tensor:
-    """Per-token rewards: ``-kl_coef * kl`` on every sampled token, plus each episode's reward on its last one.
-
-    Args:
-        rewards: ``(B,)`` episode rewards.
-        mask: ``(N, T-1)`` bool, sampled tokens.
-        episode_id: ``(N,)`` episode of each row; an episode's rows are in generation order.
-        kl: ``(N, T-1)`` per-token KL estimate to the reference, or None.
-        kl_coef: Its coefficient.
-
-    Returns:
-        ``(N, T-1)`` float32, 0 off the mask.
-    """
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    if kl is not None and kl_coef:
-        out = torch.where(mask, -kl_coef * kl.float().cpu(), out)
-    for episode, reward in enumerate(rewards.tolist()):
-        rows = (episode_id == episode).nonzero().flatten().tolist()
-        last_row = next((row for row in reversed(rows) if mask[row].any()), None)
-        if last_row is not None:  # an episode with no sampled token has no action to credit
-            out[last_row, int(mask[last_row].nonzero().max())] += reward
-    return out
 
 
 class PPOTrainer(Trainer):
@@ -189,69 +158,44 @@ class PPOTrainer(Trainer):
             context_grad=self.config.optim.context_grad,
         )
 
-    def make_batch(self, trajectories: Sequence[Any]) -> tuple[TensorDict, dict[str, float]]:
-        cfg = self.config
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (B,)
-        batch = collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
-        mask = batch["loss_mask"]  # (N, T-1)
-        old_values = torch.zeros(mask.shape)  # (N, T-1)
-        old_logp = torch.zeros(mask.shape)  # (N, T-1)
-        ref_logp = torch.zeros(mask.shape) if self.run.ref_model is not None else None  # (N, T-1)
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        with torch.no_grad(), self.autocast():
-            for rows in micro_batches(lengths, cfg.optim.micro_batch_tokens):
-                part = self._rows(batch, rows)
-                index = torch.tensor(rows)
-                logp, values = self._forward(part)  # (n, L-1) each
-                old_values[index, : values.shape[1]] = values.float().cpu()
-                old_logp[index, : logp.shape[1]] = logp.float().cpu()
-                if ref_logp is not None:
-                    ref, _ = self._logprobs(self.run.ref_model, part, temperature=cfg.rl.temperature)
-                    ref_logp[index, : ref.shape[1]] = ref.float().cpu()
-        if cfg.recompute_old_logp:
-            batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
-        kl = None  # (N, T-1): KL(sampling policy || reference) at the sampled tokens
-        if ref_logp is not None:
-            kl = kl_per_token(batch["old_logp"], ref_logp, mask, cfg.rl.kl_estimator)
-        rewards_t = token_rewards(rewards, mask, batch["episode_id"], kl, cfg.rl.kl_coef)  # (N, T-1)
-        adv, returns = episode_gae(rewards_t, old_values, mask, batch["episode_id"], cfg.gamma, cfg.gae_lambda)
-        raw_adv = adv
-        if cfg.whiten_advantages:  # data parallel: over every rank's sampled tokens
-            adv = whiten(adv, mask, all_sum=distributed.all_sum if self.run.world.enabled else None)
-        batch["adv"] = adv  # (N, T-1)
-        batch["returns"] = returns  # (N, T-1)
-        batch["old_values"] = old_values  # (N, T-1)
-        n = mask.sum().clamp_min(1)
-        metrics = {
-            "critic/advantages/abs_mean": float(raw_adv[mask].abs().sum() / n),
-            "critic/values/mean": float(old_values[mask].sum() / n),
-            "critic/returns/mean": float(returns[mask].sum() / n),
-            "critic/explained_variance": _explained_variance(old_values[mask], returns[mask]),
-        }
-        if kl is not None:
-            metrics["rl/kl_to_ref"] = float(kl[mask].sum() / n)
-        return batch, metrics
+    # --- the shared make_batch's steps: values (and reference log-probs) in the one scoring pass, then GAE -------
+    def scored_keys(self) -> tuple[str, ...]:
+        ref = ("ref_logp",) if self.run.ref_model is not None else ()
+        return (*super().scored_keys(), "old_values", *ref)
 
-    def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
+    def old_scores(self, part: TensorDict) -> dict[str, torch.Tensor]:
+        logp, values = self._forward(part)  # (n, L-1) each: the old log-probs and values from one pass
+        scores = {"old_logp": logp, "old_values": values}
+        if self.run.ref_model is not None:
+            scores["ref_logp"], _ = self._logprobs(self.run.ref_model, part, temperature=self.config.rl.temperature)
+        if not self.config.recompute_old_logp:
+            del scores["old_logp"]
+        return scores
+
+    def advantage_inputs(
+        self, episodes: Sequence[Any], batch: TensorDict, metrics: dict[str, float]
+    ) -> dict[str, torch.Tensor]:
+        """The value head's old values, and the per-token KL(sampling policy || reference) that GAE's rewards take
+        (`algos.objectives.advantages.gae`)."""
+        inputs = {"old_values": batch["old_values"]}
+        if "ref_logp" in batch.keys():
+            mask = batch["loss_mask"]
+            kl = kl_per_token(batch["old_logp"], batch["ref_logp"], mask, self.config.rl.kl_estimator)  # (N, T-1)
+            inputs["kl"] = kl
+            metrics["rl/kl_to_ref"] = float(kl[mask].sum() / mask.sum().clamp_min(1))
+        return inputs
+
+    def rl_loss_terms(self, part: TensorDict, scale: LossScale) -> TensorDict:
         cfg = self.config
         mask = part["loss_mask"]  # (n, L-1)
         logp, values = self._forward(part)  # (n, L-1) each
-        terms = policy_loss(
-            logp, part["old_logp"], part["adv"], mask, cfg.rl.clip_eps, cfg.rl.clip_eps_high, num_tokens=num_tokens
-        )
+        terms = self.pg_terms(part, logp, mask, scale)
         loss_value, value_clip = value_loss(
-            values, part["old_values"], part["returns"], mask, cfg.vf_clip, num_tokens=num_tokens
+            values, part["old_values"], part["returns"], mask, cfg.vf_clip, num_tokens=scale.all_tokens
         )
         terms["loss_value"] = cfg.vf_coef * loss_value
         terms["value_clip_fraction"] = value_clip
         return terms
-
-
-def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R): how much of the returns' variance the value head explains (NaN if Var(R) = 0)."""
-    if returns.numel() < 2 or float(returns.var()) == 0.0:
-        return float("nan")
-    return float(1.0 - (returns - values).var() / returns.var())
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

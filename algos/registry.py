@@ -36,6 +36,7 @@ __all__ = [
     "algorithm_names",
     "entry_command",
     "register_algorithm",
+    "resolve",
 ]
 
 ENTRY_POINT_GROUP = "redcoda.algorithms"
@@ -69,10 +70,15 @@ class Algorithm:
         defaults: Its settings over every preset's, by flat name (``{"group_size": 1}``), or ``"module:NAME"``.
         preset_defaults: Its settings over those defaults, by preset (``{"cpu": {"lr": 2e-6}}``), or ``"module:NAME"``.
         step: "rl" (rollouts and the learner's `train_step`) or "sft" (its `sft_step`: demonstrations only).
-        groups: Its advantages compare a question's episodes, so a group needs at least 2 (``--group-size``).
+        advantage: Its advantage estimator when ``--advantage`` is unset (`algos.objectives`; "group" becomes
+            "tree" under ``--rollout tree``).
+        advantage_inputs: What its learner computes for an estimator beyond the episodes: None, "values" (a value
+            head) or "turn_values" (a turn critic); it can use the estimators that need exactly that.
         single_process: Why it cannot run data-parallel under torchrun; None: it can.
-        refuses: Settings it cannot honour, by flat name, each with why: any value but the dataclass default is
-            refused in one line when the command line is parsed.
+        honours: Settings its learner reads beyond those of its pieces and its own settings class (the expert learner
+            plays the demonstrations' oracle).
+        refuses: Settings its learner cannot honour although its pieces would, by flat name, each with why. Settings
+            are opt-in: what an algorithm honours is its pieces' (`algos.objectives.honours`), less these.
         module: The module of its own entry point (``python -m algos.red_grpo``); None: ``python -m algos.train
             --algo NAME``.
     """
@@ -85,8 +91,10 @@ class Algorithm:
     defaults: Mapping[str, object] | str = field(default_factory=dict)
     preset_defaults: Mapping[str, Mapping[str, object]] | str = field(default_factory=dict)
     step: Literal["rl", "sft"] = "rl"
-    groups: bool = True
+    advantage: str = "group"
+    advantage_inputs: Literal["values", "turn_values"] | None = None
     single_process: str | None = None
+    honours: frozenset[str] = frozenset()
     refuses: Mapping[str, str] = field(default_factory=dict)
     module: str | None = None
 
@@ -108,14 +116,14 @@ class Algorithm:
 
     def learner_class(self) -> type:
         """The learner class (imported on first use when named as a string)."""
-        return _resolve(self.learner, f"algorithm {self.name!r}: learner")
+        return resolve(self.learner, f"algorithm {self.name!r}: learner")
 
     def config_class(self) -> type:
         """Its settings class, `algos.config.Config` or a subclass (imported on first use when named as a string).
 
         The registry imports neither the settings nor the learners (both read it): they are named, not typed, here.
         """
-        return _resolve(self.config, f"algorithm {self.name!r}: config")
+        return resolve(self.config, f"algorithm {self.name!r}: config")
 
     def defaults_for(self, preset: str) -> dict[str, object]:
         """Its settings over `preset`'s, by flat name: its defaults, then its defaults for that preset.
@@ -123,8 +131,8 @@ class Algorithm:
         This is the one precedence rule of every entry point (`algos.run.cli.parse_config` applies it): the
         dataclasses' defaults < the preset < these < a ``--config`` file < the command line's flags.
         """
-        defaults = dict(_resolve(self.defaults, f"algorithm {self.name!r}: defaults"))
-        by_preset = _resolve(self.preset_defaults, f"algorithm {self.name!r}: preset_defaults")
+        defaults = dict(resolve(self.defaults, f"algorithm {self.name!r}: defaults"))
+        by_preset = resolve(self.preset_defaults, f"algorithm {self.name!r}: preset_defaults")
         return {**defaults, **by_preset.get(preset, {})}
 
     def command(self) -> list[str]:
@@ -206,7 +214,7 @@ def _load_entry_points() -> None:
             )
 
 
-def _resolve(ref: Ref, what: str) -> Any:
+def resolve(ref: Ref, what: str) -> Any:
     """`ref`, or the object ``"module:attribute"`` names."""
     if not isinstance(ref, str):
         return ref
@@ -237,7 +245,11 @@ for _builtin in (
         "algos.expert_groups:ExpertTrainer",
         "GRPO with oracle episodes inside its groups",
         config="algos.expert_groups:ExpertConfig",
-        refuses={"search_credit": "an expert's group shares the episode's advantage over all its tokens"},
+        honours=frozenset({"quote_words", "follow_bridge", "min_searches", "results_queries", "restate_question"}),
+        refuses={
+            "search_credit": "an expert's group shares the episode's advantage over all its tokens",
+            "loss_agg": "its expert term and its policy term are one token mean over every token",
+        },
         module="algos.grpo_expert",
     ),
     Algorithm(
@@ -247,7 +259,6 @@ for _builtin in (
         sft_weighting="fixed",
         preset_defaults="algos.sft:SFT_PRESETS",
         step="sft",
-        groups=False,
         module="algos.sft",
     ),
     Algorithm(
@@ -257,11 +268,8 @@ for _builtin in (
         config="algos.ppo:PPOConfig",
         defaults="algos.ppo:PPO_DEFAULTS",
         preset_defaults="algos.ppo:PPO_PRESETS",
-        groups=False,
-        refuses={
-            "tis_cap": "PPO's clipped objective takes no truncated importance weights",
-            "search_credit": "its advantages are GAE's, per token, from the value head",
-        },
+        advantage="gae",
+        advantage_inputs="values",
         module="algos.ppo",
     ),
     Algorithm(
@@ -271,9 +279,9 @@ for _builtin in (
         config="algos.archer:ArCHerConfig",
         defaults="algos.archer:ARCHER_DEFAULTS",
         preset_defaults="algos.archer:ARCHER_PRESETS",
-        groups=False,
+        advantage="q_minus_v",
+        advantage_inputs="turn_values",
         single_process="its critic and replay buffer would train on each rank's turns alone and drift apart",
-        refuses={"search_credit": "its advantages are the turn critic's Q - V"},
         module="algos.archer",
     ),
 ):

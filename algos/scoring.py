@@ -1,5 +1,6 @@
 """The policy's no-grad and training forward passes over a batch's rows: log-probs (and entropies) at the sampled
-tokens (`logprobs`), and the old log-probs recomputed by the training model (`recompute_old_logp`)."""
+tokens (`logprobs`), and the step's one scoring pass before the update (`score_rows`: old log-probs recomputed by
+the training model, `take_old_logp`, and a learner's own per-token scores)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from algos import distributed
 from algos.batch import masked_token_logprobs, micro_batches, token_logprobs, token_logprobs_and_entropy
 from algos.losses import sampler_mismatch, tis_weights
 
-__all__ = ["logprobs", "recompute_old_logp"]
+__all__ = ["logprobs", "score_rows", "take_old_logp"]
 
 
 def logprobs(
@@ -54,33 +55,43 @@ def logprobs(
     return token_logprobs(model, ids, attn, micro_batch_size=len(ids), temperature=temperature), None
 
 
-def recompute_old_logp(
+def score_rows(
     batch: TensorDict,
-    score: Callable[[TensorDict], torch.Tensor],
+    score: Callable[[TensorDict], dict[str, torch.Tensor]],
     rows: Callable[[TensorDict, Sequence[int]], TensorDict],
     *,
     micro_batch_tokens: int,
-    tis_cap: float | None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
-) -> dict[str, float]:
-    """Replace the sampler's log-probs in `batch` by the training model's (no grad), micro-batched; return how far
-    apart the two are (`sampler_mismatch`) and, with `tis_cap`, set each token's truncated importance weight.
+) -> dict[str, torch.Tensor]:
+    """Per-token scores of every row of `batch` before the update (no grad), micro-batch by micro-batch: the one
+    scoring pass of a step (old log-probs, and a learner's own, as PPO's values and reference log-probs).
 
     Args:
-        batch: The RL batch; its ``old_logp`` (the sampler's) is replaced, ``is_weight`` added with `tis_cap`.
-        score: A micro-batch's log-probs under the training model, ``(n, L-1)``.
+        batch: The RL batch.
+        score: A micro-batch's scores by name, each ``(n, L-1)``.
         rows: The micro-batch of the given rows, on the model's device.
         micro_batch_tokens: Padded tokens per micro-batch at most.
-        tis_cap: The truncated importance weights' cap; None: no weights.
         autocast: The run's autocast context.
+
+    Returns:
+        Each score ``(N, T-1)`` float32 on the CPU, 0 where no micro-batch wrote.
     """
-    sampler_logp = batch["old_logp"]  # (N, T-1): the sampler's
-    old_logp = torch.zeros_like(sampler_logp)  # (N, T-1)
+    shape = batch["loss_mask"].shape
+    out: dict[str, torch.Tensor] = {}
     lengths = batch["attention_mask"].sum(-1).tolist()
     with torch.no_grad(), autocast():
         for picked in micro_batches(lengths, micro_batch_tokens):
-            logp = score(rows(batch, picked))  # (n, L-1)
-            old_logp[torch.tensor(picked), : logp.shape[1]] = logp.float().cpu()
+            index = torch.tensor(picked)
+            for key, value in score(rows(batch, picked)).items():  # (n, L-1) each
+                out.setdefault(key, torch.zeros(shape))[index, : value.shape[1]] = value.float().cpu()
+    return out
+
+
+def take_old_logp(batch: TensorDict, old_logp: torch.Tensor, *, tis_cap: float | None) -> dict[str, float]:
+    """Replace the sampler's log-probs in `batch` by the training model's `old_logp` ``(N, T-1)``; return how far apart
+    the two are (`sampler_mismatch`) and, with `tis_cap`, set each token's truncated importance weight
+    (``is_weight``)."""
+    sampler_logp = batch["old_logp"]  # (N, T-1): the sampler's
     mask = batch["loss_mask"]
     batch["old_logp"] = torch.where(mask, old_logp, torch.zeros_like(old_logp))
     found = sampler_mismatch(batch["old_logp"], sampler_logp, mask)

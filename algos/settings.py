@@ -213,6 +213,9 @@ class OptimSettings:
     demonstrations the main job takes 2.4x the steps in its budget and learns more, benchmarks/README.md)."""
     update_epochs: int = 1
     """Optimizer steps per collected batch (PPO epochs over the whole batch; after the first the ratio leaves 1)."""
+    term_grad_norms: bool = True
+    """Log each loss term's gradient norm (rl/grad_norm, sft/grad_norm), reduced over the ranks: keeps a copy of the
+    RL gradient while the SFT term's accumulates (counted by the memory check; --no-term-grad-norms drops it)."""
 
 
 @dataclass(frozen=True)
@@ -251,9 +254,16 @@ class RLSettings:
     advantage_std_scale: bool = True
     """Divide advantages by the group std (GRPO); False only centres them (Dr. GRPO), so an advantage keeps the size
     of the reward gap it comes from (with 2 episodes a question the std division makes every untied pair +-0.707)."""
-    pg_token_norm: Literal["all", "signal"] = "all"
-    """Divisor of the policy-gradient token mean: all (every sampled token of the batch) or signal (the sampled tokens
-    of the contexts whose advantage is not 0, DAPO's: tied groups then cost the RL term nothing against SFT's)."""
+    advantage: str | None = None
+    """Advantage estimator, by name (`algos.objectives`): group (GRPO), dr_grpo, rloo, reinforce_pp, tree, gae (PPO's),
+    q_minus_v (ArCHer's) or one another package registers; None: the algorithm's own (tree under --rollout tree)."""
+    policy_loss: str = "clip"
+    """Policy-gradient loss, by name: clip (the clipped token ratio), gspo (the context's ratio), reinforce."""
+    loss_agg: str = "token-mean"
+    """How the policy loss's token values become one number: token-mean (every sampled token of the batch alike),
+    signal-token-mean (divided by the sampled tokens of the contexts whose advantage is not 0, DAPO's: tied groups then
+    cost the RL term nothing against SFT's), seq-mean-token-mean (each context alike) or seq-mean-token-sum
+    (Dr. GRPO)."""
     max_resample_batches: int = 0
     """Dynamic sampling (DAPO): while fewer than questions_per_step groups carry a non-zero advantage, play up to this
     many more batches of new questions (each only as many as are missing) and keep the groups with a signal, dropping

@@ -36,22 +36,17 @@ from agents.records import Trajectory
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
 from algos.dynamic_sampling import signal_groups, signal_rows
-from algos.losses import (
-    entropy_estimate,
-    group_advantages,
-    kl_penalty,
-    policy_loss,
-    sft_loss,
-    total_loss,
-    tree_advantages,
-)
+from algos.losses import entropy_estimate, kl_penalty, sft_loss, total_loss
+from algos.objectives.advantages import Advantages, StepInput
+from algos.objectives.policy_losses import LossScale, pg_terms
+from algos.objectives.registry import aggregation, estimator, policy_loss_spec
 from algos.run.learner import Learner
 from algos.run.training_run import TrainingRun, sync
 from algos.search_credit import token_advantages
 from algos.sft_data import sample_indices
 from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
 
-__all__ = ["Trainer", "episode_advantages"]
+__all__ = ["Trainer"]
 
 
 class Trainer(Learner):
@@ -189,6 +184,7 @@ class Trainer(Learner):
             self.run.optimizer.zero_grad(set_to_none=True)
             metrics = self.accumulate_gradients(rollouts.batch, sft_batch, sft_weight)
             self.run.sync_gradients()  # data parallel: sum the ranks' gradients
+            metrics |= self.term_grad_norms()
             sync()
             t_fwd_bwd += time.perf_counter() - start
             start = time.perf_counter()
@@ -224,50 +220,138 @@ class Trainer(Learner):
             The terms' metrics: ``loss_*``, ``rl/*``, ``sft/*`` and the ``tokens/trained_*`` counts.
         """
         metrics = self._rl_backward(batch)  # loss_pg + loss_kl (+ a learner's own loss_* terms)
-        grads = [p.grad for p in self.run.trainable if p.grad is not None]
-        metrics["rl/grad_norm"] = _norm(grads)  # each term's gradient norm, before clipping (this rank's gradient)
+        self._rl_grads = None  # --term-grad-norms: the RL term's gradient, kept while the SFT term's accumulates
         if sft_batch is not None:
-            rl_grads = {id(p): p.grad.detach().clone() for p in self.run.trainable if p.grad is not None}
+            if self.config.optim.term_grad_norms:
+                self._rl_grads = [None if p.grad is None else p.grad.detach().clone() for p in self.run.trainable]
             metrics.update(self._sft_backward(sft_batch, sft_weight))  # + w * sft_coef * loss_sft
-            sft_grads = [p.grad - rl_grads[id(p)] if id(p) in rl_grads else p.grad for p in self.run.trainable]
-            metrics["sft/grad_norm"] = _norm([g for g in sft_grads if g is not None])
         return metrics
 
-    def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
-        """The RL batch of one step, advantages included, and metrics about them (GRPO: group-normalized).
+    def term_grad_norms(self) -> dict[str, float]:
+        """Each term's gradient norm after the ranks' gradients are summed, before clipping (``--term-grad-norms``).
 
-        Runs before the update; sets ``adv`` per generation ``(N,)`` or per token ``(N, T-1)``.
+        Without an SFT term the RL term's gradient is the whole one. With it, the kept RL gradient is summed over
+        the ranks as the whole one was (DDP: one all-reduce each; under ``--fsdp`` the gradients are already the
+        global ones' shards) and the SFT term's is the rest; a sharded gradient's norm adds every rank's shard.
         """
-        adv = episode_advantages(trajectories, scale=self.config.rl.advantage_std_scale)  # (B,)
-        batch = self.collate(trajectories)
-        rl = self.config.rl
-        if rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
-            batch["adv"] = token_advantages(trajectories, adv, batch, rl.search_credit, rl.repeat_penalty)
+        if not self.config.optim.term_grad_norms:
+            return {}
+        grads = [p.grad for p in self.run.trainable]
+        if self._rl_grads is None:
+            return {"rl/grad_norm": _norm([g for g in grads if g is not None])}
+        rl_grads = self._rl_grads
+        if self.run.world.enabled and not self.run.fsdp:  # data parallel: the RL term's gradient of every rank
+            distributed.sum_tensors([g for g in rl_grads if g is not None])
+        sft_grads = [g if r is None else g - r for g, r in zip(grads, rl_grads, strict=True) if g is not None]
+        self._rl_grads = None
+        return {"rl/grad_norm": _norm([g for g in rl_grads if g is not None]), "sft/grad_norm": _norm(sft_grads)}
+
+    def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
+        """The RL batch of one step and metrics about it, in fixed steps every learner shares, before the update:
+
+            episodes = self.batch_episodes(trajectories)     # those trained on (the expert learner adds its members)
+            batch = self.collate(episodes)                   # once
+            self.score_old(batch)                            # one no-grad pass: old log-probs, a learner's scores
+            adv = estimator(StepInput(episodes, batch, inputs=self.advantage_inputs(...)))   # --advantage
+            batch["adv"] = adv per token, or per episode + per-search credit on its search turns, or broadcast
+
+        Metrics: the estimator's (of its own advantages), ``rl/signal_rows`` of the advantages set.
+        """
+        cfg, metrics = self.config, {}
+        episodes = self.batch_episodes(trajectories, metrics)
+        batch = self.collate(episodes)
+        metrics |= self.score_old(batch)
+        inputs = self.advantage_inputs(episodes, batch, metrics)
+        all_sum = distributed.all_sum if self.run.world.enabled else None
+        step = StepInput.of(episodes, batch, cfg, inputs=inputs, all_sum=all_sum)
+        adv = estimator(cfg.advantage).function()(step)
+        if adv.per_token:  # (N, T-1)
+            batch["adv"] = adv.values
+        elif cfg.rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
+            batch["adv"] = token_advantages(episodes, adv.values, batch, cfg.rl.search_credit, cfg.rl.repeat_penalty)
         else:
-            batch["adv"] = adv[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
-        metrics = {"critic/advantages/abs_mean": float(adv.abs().mean()), "rl/signal_rows": _share(signal_rows(batch))}
-        if self.config.recompute_old_logp:
-            metrics.update(self._old_logp(batch))
-        return batch, metrics
+            batch["adv"] = adv.values[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
+        for key, value in adv.tensors.items():
+            batch[key] = value
+        self.observe_advantages(episodes, batch, adv)
+        flags = signal_rows(batch)  # data parallel: the share of every rank's rows
+        signal, rows = distributed.all_sum(float(flags.sum()), float(flags.numel()))
+        share = float(torch.tensor(signal, dtype=torch.float32) / rows) if rows else 0.0
+        return batch, metrics | adv.metrics | {"rl/signal_rows": share}
 
-    def collate(self, trajectories: Sequence[Trajectory]) -> TensorDict:
-        """The padded batch of `trajectories` (`agents.collate.collate_trajectories`): the step's one collation."""
-        return collate_trajectories(trajectories, pad_token_id=self.run.pad_id)
+    # --- the steps of make_batch a learner extends ----------------------------------------------------------
+    def batch_episodes(self, trajectories: Sequence[Trajectory], metrics: dict[str, float]) -> list[Trajectory]:
+        """The episodes the batch holds (the played ones; a learner may add its own, its metrics into `metrics`)."""
+        return list(trajectories)
 
-    def rl_loss_terms(self, part: TensorDict, num_tokens: float) -> TensorDict:
-        """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
-        rl = self.config.rl
-        mask = part["loss_mask"]  # (n, L-1)
-        logp, _ = self._logprobs(self.run.policy, part, temperature=rl.temperature)  # (n, L-1)
-        is_weight = part.get("is_weight", None)  # --tis-cap: truncated importance weights (`_old_logp`)
-        clip = (rl.clip_eps, rl.clip_eps_high)
-        terms = policy_loss(
-            logp, part["old_logp"], part["adv"], mask, *clip, num_tokens=num_tokens, is_weight=is_weight
+    def collate(self, episodes: Sequence[Trajectory]) -> TensorDict:
+        """The padded batch of `episodes` (`agents.collate.collate_trajectories`): the step's one collation."""
+        return collate_trajectories(episodes, pad_token_id=self.run.pad_id)
+
+    def scored_keys(self) -> tuple[str, ...]:
+        """What the step's scoring pass computes: the old log-probs under ``old_logp=recompute`` (a learner adds its
+        own per-token scores)."""
+        return ("old_logp",) if self.config.recompute_old_logp else ()
+
+    def old_scores(self, part: TensorDict) -> dict[str, torch.Tensor]:
+        """The scores of one micro-batch (`scored_keys`), no grad, under autocast: ``(n, L-1)`` each."""
+        logp, _ = self._logprobs(self.run.policy, part, temperature=self.config.rl.temperature)
+        return {"old_logp": logp}
+
+    def score_rows(self, batch: TensorDict) -> torch.Tensor | None:
+        """The rows the scoring pass scores (an expert's rows have no sampler to compare with); None: every row."""
+        return None
+
+    def score_old(self, batch: TensorDict) -> dict[str, float]:
+        """The step's one scoring pass (`scoring.score_rows`): sets `scored_keys` on `batch` (old log-probs replace
+        the sampler's, with ``mismatch/*`` and ``--tis-cap``'s weights: `scoring.take_old_logp`)."""
+        keys = self.scored_keys()
+        if not keys:
+            return {}
+        rows = self.score_rows(batch)
+        part = batch if rows is None else batch[rows]
+        cfg = self.config
+        scores = scoring.score_rows(
+            part, self.old_scores, self._rows, micro_batch_tokens=cfg.optim.micro_batch_tokens, autocast=self.autocast
         )
-        loss_kl = self.kl_loss(part, logp, mask, num_tokens)
+        found = {}
+        if "old_logp" in scores:
+            found = scoring.take_old_logp(part, scores.pop("old_logp"), tis_cap=cfg.rl.tis_cap)
+        for key, value in scores.items():
+            part[key] = value
+        if rows is not None:  # back into the whole batch (0 on the other rows)
+            for key in {*keys, *(["is_weight"] if "is_weight" in part.keys() else [])}:
+                if key not in batch.keys():
+                    batch[key] = torch.zeros(batch.batch_size[0], *part[key].shape[1:], dtype=part[key].dtype)
+                batch[key][rows] = part[key]
+        return found
+
+    def advantage_inputs(
+        self, episodes: Sequence[Trajectory], batch: TensorDict, metrics: dict[str, float]
+    ) -> dict[str, torch.Tensor]:
+        """What the learner's own modules give its estimator (`algos.objectives.advantages.StepInput.inputs`)."""
+        return {}
+
+    def observe_advantages(self, episodes: Sequence[Trajectory], batch: TensorDict, adv: Advantages) -> None:
+        """Called with the advantages the batch trains on (a learner that counts something of them)."""
+
+    def rl_loss_terms(self, part: TensorDict, scale: LossScale) -> TensorDict:
+        """Loss terms (``loss_*``) and per-token metrics of one RL micro-batch, under autocast (GRPO: pg + KL)."""
+        mask = part["loss_mask"]  # (n, L-1)
+        logp, _ = self._logprobs(self.run.policy, part, temperature=self.config.rl.temperature)  # (n, L-1)
+        terms = self.pg_terms(part, logp, mask, scale)
+        loss_kl = self.kl_loss(part, logp, mask, scale.all_tokens)
         if loss_kl is not None:
             terms["loss_kl"] = loss_kl
         return terms
+
+    def pg_terms(self, part: TensorDict, logp: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> TensorDict:
+        """``loss_pg`` over `mask`'s tokens: the run's policy loss (``--policy-loss``) and aggregation
+        (``--loss-agg``), with ``--tis-cap``'s weights (`algos.objectives.policy_losses.pg_terms`)."""
+        rl = self.config.rl
+        pieces = policy_loss_spec(rl.policy_loss), aggregation(rl.loss_agg)
+        is_weight = part.get("is_weight", None)  # --tis-cap: truncated importance weights (`score_old`)
+        return pg_terms(*pieces, logp, part["old_logp"], part["adv"], mask, scale, rl, is_weight=is_weight)
 
     def kl_loss(
         self, part: TensorDict, logp: torch.Tensor, mask: torch.Tensor, num_tokens: float
@@ -316,13 +400,16 @@ class Trainer(Learner):
 
     def _rl_backward(self, batch: TensorDict) -> dict[str, float]:
         """Backward of the RL terms (loss_pg, loss_kl, ...) micro-batch by micro-batch; returns their metrics."""
-        # every sampled token of the batch is the token-mean divisor (pg_token_norm=signal: those of the contexts whose
-        # advantage is not 0, DAPO's); data parallel: of every rank's batch, so the ranks' gradients sum to the
-        # one-process gradient (algos.distributed)
-        counted = batch["loss_mask"]
-        if self.config.rl.pg_token_norm == "signal":
-            counted = counted[signal_rows(batch)]
-        (num_tokens,) = distributed.all_sum(float(counted.sum()))
+        # the aggregation's divisors (--loss-agg: every sampled token, or those of the contexts whose advantage is
+        # not 0, or the contexts) and every sampled token (the KL term's and a learner's own token means); data
+        # parallel: of every rank's batch, so the ranks' gradients sum to the one-process gradient
+        mask = batch["loss_mask"]
+        counted = mask.any(-1)  # (N,)
+        if aggregation(self.config.rl.loss_agg).counted == "signal":
+            counted = counted & signal_rows(batch)
+        tokens = float(mask[counted].sum())
+        tokens, rows, all_tokens = distributed.all_sum(tokens, float(counted.sum()), float(mask.sum()))
+        scale = LossScale(tokens=tokens, rows=rows, all_tokens=all_tokens)
         parts = self.rl_micro_batches(batch)
         contexts = sum(len(part_rows) for part_rows in parts)  # every row that runs is in exactly one micro-batch
         losses: dict[str, float] = {"loss_pg": 0.0}  # and every other loss_* term the micro-batches return
@@ -332,7 +419,7 @@ class Trainer(Learner):
             for part_rows in parts:
                 part = self._rows(batch, part_rows)
                 with self.autocast():
-                    terms = self.rl_loss_terms(part, num_tokens)
+                    terms = self.rl_loss_terms(part, scale)
                 total_loss(terms).backward()
                 n_mask = float(part["loss_mask"].sum())
                 run_tokens += n_mask
@@ -408,18 +495,6 @@ class Trainer(Learner):
         flags = {"masked_head": self.run.masked_head, "context_grad": self.config.optim.context_grad}
         return scoring.logprobs(model, part, with_entropy=with_entropy, temperature=temperature, **flags)
 
-    def _old_logp(self, batch: TensorDict) -> dict[str, float]:
-        """The training model's old log-probs in place of the sampler's (`scoring.recompute_old_logp`)."""
-        cfg = self.config
-        return scoring.recompute_old_logp(
-            batch,
-            lambda part: self._logprobs(self.run.policy, part, temperature=cfg.rl.temperature)[0],
-            self._rows,
-            micro_batch_tokens=cfg.optim.micro_batch_tokens,
-            tis_cap=cfg.rl.tis_cap,
-            autocast=self.autocast,
-        )
-
     # --- checkpoint state: the tie probe's flag (learners with modules of their own add theirs) ---------------
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {}, {"last_step_tied": self.last_step_tied}
@@ -429,33 +504,12 @@ class Trainer(Learner):
         super().load_state_dict(tensors, {k: v for k, v in state.items() if k != "last_step_tied"})
 
 
-def episode_advantages(episodes: Sequence[Trajectory], scale: bool = True) -> torch.Tensor:
-    """Each episode's advantage ``(B,)``: its reward normalized within its question's group (`group_advantages`),
-    and under tree rollouts within its tree too (`tree_advantages`).
-
-    Tree rollouts are told by the episodes' ``tree_id`` (``--rollout tree`` sets one on every sampled episode); an
-    episode without one among them (an expert member, `algos.expert_groups`) is a tree of its own (ids -1, -2, ...
-    in order), so its within-tree term is 0 and its within-group term counts.
-
-    Args:
-        episodes: The batch's episodes, each with its ``reward`` and ``group_id``.
-        scale: Divide by the group's (and tree's) std, GRPO's ``advantage_std_scale``; False only centres.
-    """
-    rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)  # (B,)
-    group_id = torch.tensor([t.group_id for t in episodes], dtype=torch.long)  # (B,)
-    if not any(t.tree_id is not None for t in episodes):
-        return group_advantages(rewards, group_id, scale=scale)
-    own = iter(range(-1, -len(episodes) - 1, -1))  # the trees of their own, -1, -2, ...
-    tree_id = torch.tensor([next(own) if t.tree_id is None else t.tree_id for t in episodes], dtype=torch.long)
-    return tree_advantages(rewards, group_id, tree_id, scale=scale)
-
-
 def _norm(tensors: Sequence[torch.Tensor]) -> float:
-    """The L2 norm of `tensors` together (a sharded tensor's local shard: this rank's part)."""
+    """The L2 norm of `tensors` together; a sharded tensor (``--fsdp``) adds every rank's shard (`all_sum`)."""
+    sharded = any(hasattr(t, "to_local") for t in tensors)
     local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-    return float(torch.stack([t.detach().float().square().sum() for t in local]).sum().sqrt()) if local else 0.0
-
-
-def _share(flags: torch.Tensor) -> float:
-    """The share of True in a bool tensor (0 when empty)."""
-    return float(flags.float().mean()) if flags.numel() else 0.0
+    squares = torch.stack([t.detach().float().square().sum() for t in local]).sum() if local else torch.zeros(())
+    if sharded:
+        (total,) = distributed.all_sum(float(squares))
+        return total**0.5
+    return float(squares.sqrt())

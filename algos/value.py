@@ -1,4 +1,5 @@
-"""Value functions for the learners beyond GRPO: PPO's token-level value head and GAE, ArCHer's turn critic.
+"""Value functions for the learners beyond GRPO: PPO's token-level value head, ArCHer's turn critic (GAE itself is
+`algos.objectives.advantages`).
 
 Layout as in `algos.batch`: per-token tensors have ``T - 1`` columns and column ``t`` is about token
 ``t + 1``. A token-level value ``values[:, t]`` is the value of the state "the context up to token t",
@@ -6,7 +7,7 @@ the state in which token ``t + 1`` is sampled, so values line up with ``logp``, 
 ``loss_mask``:
 
     logp, values = logprobs_and_values(model, value_head, ids, attn, mask)  # (n, L-1) each
-    adv, returns = episode_gae(token_rewards, old_values, mask, episode_id, gamma=1.0, lam=0.95)
+    adv, returns = episode_gae(token_rewards, old_values, mask, episode_id, gamma=1.0, lam=0.95)  # algos.objectives
     loss_value = vf_coef * value_loss(values, old_values, returns, mask, clip=0.2)
 
 PPO's critic is a separate small head (`ValueHead`, one linear layer) on the policy's last hidden state: the
@@ -17,8 +18,7 @@ pooled features of a frozen encoder (see `algos.archer`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -29,13 +29,10 @@ from algos.losses import masked_mean
 __all__ = [
     "TurnCritic",
     "ValueHead",
-    "episode_gae",
-    "gae",
     "logprobs_and_values",
     "turn_features",
     "turn_spans",
     "value_loss",
-    "whiten",
 ]
 
 
@@ -92,102 +89,6 @@ def logprobs_and_values(
     logp, _ = hidden_logprobs(model, hidden, input_ids, mask, temperature=temperature)  # (n, L-1)
     values = torch.zeros_like(logp).masked_scatter(mask, value_head(hidden).float())  # (n, L-1)
     return logp, values
-
-
-def gae(rewards: Tensor, values: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
-    """Generalized advantage estimation over one episode's sequence of steps (Schulman et al. 2016).
-
-    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V_n = 0`` (the episode ends after its last step);
-    ``A_t = delta_t + gamma * lam * A_{t+1}``; returns ``R_t = A_t + V_t`` (the value targets).
-    lam = 1 gives the Monte-Carlo return minus V; lam = 0 the one-step TD error.
-
-    Args:
-        rewards: ``(n,)`` reward after each step.
-        values: ``(n,)`` value of the state of each step.
-        gamma: Discount per step.
-        lam: GAE lambda.
-
-    Returns:
-        ``(adv, returns)``, each ``(n,)`` float32.
-    """
-    r, v = rewards.double().tolist(), values.double().tolist()  # a Python loop over floats: fast for any n here
-    adv = [0.0] * len(r)
-    running = 0.0
-    for t in reversed(range(len(r))):
-        next_value = v[t + 1] if t + 1 < len(r) else 0.0
-        running = r[t] + gamma * next_value - v[t] + gamma * lam * running
-        adv[t] = running
-    adv_t = torch.tensor(adv, dtype=torch.float32, device=values.device)  # (n,)
-    return adv_t, adv_t + values.float()
-
-
-def episode_gae(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, episode_id: Tensor, gamma: float = 1.0, lam: float = 0.95
-) -> tuple[Tensor, Tensor]:
-    """`gae` per episode over its sampled tokens, back in the padded ``(N, T-1)`` layout.
-
-    An episode's steps are its sampled tokens (mask 1) in order: row by row in batch order (the order of
-    ``Trajectory.generations``), left to right inside a row. Prompt and observation tokens are not steps: the
-    env's observations are part of the transition between the last token of a turn and the first of the next.
-    Chaining: the last sampled token of a generation bootstraps from the first sampled token of the episode's
-    next generation; only the episode's last token is terminal.
-
-    Args:
-        token_rewards: ``(N, T-1)`` reward per sampled token (the episode reward on its last one, KL penalties).
-        values: ``(N, T-1)`` old values.
-        mask: ``(N, T-1)`` bool, the sampled tokens.
-        episode_id: ``(N,)`` episode of each row.
-        gamma: Discount per token.
-        lam: GAE lambda.
-
-    Returns:
-        ``(adv, returns)``, ``(N, T-1)`` float32 each, 0 off the mask.
-    """
-    adv = torch.zeros(mask.shape, dtype=torch.float32)
-    returns = torch.zeros(mask.shape, dtype=torch.float32)
-    mask, token_rewards, values = mask.cpu().bool(), token_rewards.cpu(), values.cpu()
-    for episode in episode_id.unique().tolist():
-        rows = (episode_id.cpu() == episode).nonzero().flatten()
-        keep = torch.zeros_like(mask)
-        keep[rows] = mask[rows]  # row-major order of True positions = the episode's token order
-        if not keep.any():
-            continue
-        a, r = gae(token_rewards[keep], values[keep], gamma, lam)
-        adv[keep], returns[keep] = a, r
-    return adv, returns
-
-
-def whiten(
-    values: Tensor, mask: Tensor, eps: float = 1e-8, *, all_sum: Callable[..., list[float]] | None = None
-) -> Tensor:
-    """``(values - mean) / std`` over the masked entries (0 elsewhere); fewer than two entries: only centred.
-
-    Args:
-        values: Any shape.
-        mask: Same shape; the entries that count.
-        eps: Added to the std.
-        all_sum: Sums numbers over the data-parallel ranks (`algos.distributed.all_sum`); given, the mean and the
-            (unbiased) std are those of every rank's masked entries, from one all-reduce of their count, sum and
-            sum of squares (float64), so N ranks whiten their shares as one process whitens the whole batch.
-    """
-    keep = mask.bool()
-    picked = values[keep]
-    if all_sum is not None:
-        wide = picked.double()
-        count, total, squares = all_sum(picked.numel(), float(wide.sum()), float(wide.square().sum()))
-        if count == 0:
-            return torch.zeros_like(values)
-        mean = total / count
-        centred = (wide - mean).to(values.dtype)
-        if count > 1:
-            std = math.sqrt(max(squares - total * mean, 0.0) / (count - 1))
-            centred = centred / (std + eps)
-        return torch.zeros_like(values).masked_scatter(keep, centred)
-    if picked.numel() == 0:
-        return torch.zeros_like(values)
-    centred = picked - picked.mean()
-    scaled = centred / (picked.std() + eps) if picked.numel() > 1 else centred
-    return torch.zeros_like(values).masked_scatter(keep, scaled)
 
 
 def value_loss(

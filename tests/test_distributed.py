@@ -20,8 +20,8 @@ from agents.models import tiny_model
 from algos import distributed
 from algos.archer import ArCHerConfig
 from algos.config import preset_config
+from algos.objectives.advantages import whiten
 from algos.run.cli import parse_config
-from algos.value import whiten
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,6 +13,7 @@ import torch
 from algos.config import preset_config
 from algos.expert_groups import EXPERT_METRICS, ExpertConfig
 from algos.losses import group_advantages, policy_loss
+from algos.objectives.policy_losses import LossScale
 from algos.off_policy import shaped_expert_loss, shaped_ratio
 from algos.run.training_run import TrainingRun
 
@@ -104,7 +105,7 @@ def test_expert_member_advantage_is_relative_to_its_group(run):
     num_tokens = float(batch["loss_mask"].sum())
     part = run.learner._rows(batch, range(batch.batch_size[0]))
     with torch.no_grad():
-        terms = run.learner.rl_loss_terms(part, num_tokens)
+        terms = run.learner.rl_loss_terms(part, LossScale(num_tokens, batch.batch_size[0], num_tokens))
         logp, _ = run.learner._logprobs(run.policy, part)
     mask, rows = part["loss_mask"], part["expert"].unsqueeze(-1)
     want_pg = policy_loss(logp, part["old_logp"], part["adv"], mask & ~rows, num_tokens=num_tokens)["loss_pg"]

@@ -16,6 +16,7 @@ from agents.collate import collate_trajectories
 from algos.batch import micro_batches
 from algos.config import preset_config
 from algos.losses import sft_loss, total_loss
+from algos.objectives.policy_losses import LossScale
 from algos.run.training_run import TrainingRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,7 +98,7 @@ def test_rl_loss_and_gradients_equal_one_padded_batch(run):
     run.policy.train()
     run.optimizer.zero_grad(set_to_none=True)
     padded = run.learner._rows(batch, list(range(batch.batch_size[0])))  # one micro-batch, padded to the longest
-    terms = run.learner.rl_loss_terms(padded, num_tokens)
+    terms = run.learner.rl_loss_terms(padded, LossScale(num_tokens, batch.batch_size[0], num_tokens))
     total_loss(terms).backward()
     reference, reference_loss = grads(run), float(terms["loss_pg"].detach())
 

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from algos.config import QUERY_REWRITE_ENV, preset_config
-from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, token_rewards
+from algos.objectives.advantages import episode_gae, gae_steps, token_rewards
+from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig
 from algos.run.training_run import TrainingRun
-from algos.value import episode_gae, gae, value_loss
+from algos.value import value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +42,7 @@ def _hand_gae(rewards, values, gamma, lam):
 @pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (1.0, 1.0), (1.0, 0.0), (0.0, 0.95), (0.7, 1.0)])
 def test_gae_matches_a_hand_computation(gamma, lam):
     rewards, values = [0.0, -0.1, 0.0, 2.0], [0.5, 0.2, -0.3, 0.4]
-    adv, returns = gae(torch.tensor(rewards), torch.tensor(values), gamma, lam)
+    adv, returns = gae_steps(torch.tensor(rewards), torch.tensor(values), gamma, lam)
     expected = _hand_gae(rewards, values, gamma, lam)
     torch.testing.assert_close(adv, torch.tensor(expected))
     torch.testing.assert_close(returns, torch.tensor(expected) + torch.tensor(values))

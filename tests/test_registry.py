@@ -140,7 +140,8 @@ def test_one_precedence_rule_for_every_entry_point(tmp_path):
     assert from_file.rl.questions_per_step == 6  # the file over the algorithm's defaults
     flags = parse_config(["--config", str(path), "--questions-per-step", "5"], algo="ppo")
     assert flags.rl.questions_per_step == 5  # the flags over the file
-    sft = parse_config(["--config", str(path)], algo="sft")
+    (tmp_path / "cpu.yaml").write_text("preset: cpu\n")  # SFT plays no rollouts: questions_per_step is refused
+    sft = parse_config(["--config", str(tmp_path / "cpu.yaml")], algo="sft")
     assert (sft.optim.lr, sft.sft.sft_batch_size) == (1e-4, 8)  # SFT's defaults give way to what a preset sets
 
 
@@ -153,10 +154,11 @@ def test_search_credit_is_refused_where_the_advantages_are_not_the_groups(algo, 
 
 def test_a_setting_an_algorithm_cannot_honour_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--preset", "tiny", "--tis-cap", "2"], algo="ppo")
+        parse_config(["--preset", "tiny", "--no-advantage-std-scale"], algo="ppo")
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--tis-cap 2.0 is not honoured by ppo" in err
-    assert parse_config(["--preset", "tiny"], algo="ppo").rl.tis_cap is None
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "--advantage-std-scale False is not honoured by ppo (--advantage gae" in err
+    assert parse_config(["--preset", "tiny"], algo="ppo").rl.advantage_std_scale
 
 
 def test_a_plugin_trains_through_the_command_line_and_the_comparison(tmp_path):

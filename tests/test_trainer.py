@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -10,13 +9,10 @@ import pytest
 import torch
 
 from agents.collate import collate_trajectories
-from agents.records import Trajectory
 from algos import episode_checks
 from algos.batch import micro_batches
 from algos.config import preset_config
-from algos.losses import group_advantages, tree_advantages
 from algos.run.training_run import TrainingRun, TrainingStopped, lr_factor
-from algos.trainer import episode_advantages
 
 
 def _run(tmp_path, name: str, **overrides) -> TrainingRun:
@@ -34,20 +30,6 @@ def test_micro_batches_respect_the_token_budget():
     for group in groups:
         assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= 128
     assert groups[0] == [5]  # longer than the budget: alone
-
-
-def test_episode_advantages_are_the_groups_or_the_trees_and_a_treeless_member_is_a_tree_of_its_own():
-    rewards, groups, trees = [1.0, -3.0, 2.0, 0.5, 3.0, -1.0], [0, 0, 0, 1, 1, 1], [0, 0, 1, 2, 2, 3]
-    r, g = torch.tensor(rewards), torch.tensor(groups)
-    flat = [Trajectory(0, group, (), reward) for reward, group in zip(rewards, groups, strict=True)]
-    for scale in (True, False):
-        assert torch.equal(episode_advantages(flat, scale=scale), group_advantages(r, g, scale=scale))
-    treed = [dataclasses.replace(t, tree_id=tree) for t, tree in zip(flat, trees, strict=True)]
-    assert torch.equal(episode_advantages(treed), tree_advantages(r, g, torch.tensor(trees)))
-    # the expert trainer's case: tree rollouts and, after them, members without a tree (-1, -2: trees of their own)
-    members = [*treed[:4], dataclasses.replace(treed[4], tree_id=None), dataclasses.replace(treed[5], tree_id=None)]
-    own = torch.tensor([0, 0, 1, 2, -1, -2])
-    assert torch.equal(episode_advantages(members, scale=False), tree_advantages(r, g, own, scale=False))
 
 
 def test_parameters_change_after_one_step(tmp_path):
