@@ -1,10 +1,11 @@
 """The algorithm registry: one table of names, one precedence rule for settings, and a plug-in from outside the
 repository trained through the same command line and through `benchmarks.compare`.
 
-The plug-in is RLOO's leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740): each episode's advantage is
-its reward minus the mean of the other episodes of its group. It lives in a temporary directory with an installed
-distribution's metadata (a ``.dist-info`` folder whose ``entry_points.txt`` names it in the ``redcoda.algorithms``
-group), exactly as a package installed with pip would, and the subprocesses find it on ``PYTHONPATH``.
+The plug-in is RLOO's leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740) as an estimator: each
+episode's advantage is its reward minus the mean of the other episodes of its group; and an algorithm that names it.
+They live in a temporary directory with an installed distribution's metadata (a ``.dist-info`` folder whose
+``entry_points.txt`` names them in the ``redcoda.objectives`` and ``redcoda.algorithms`` groups), exactly as a
+package installed with pip would, and the subprocesses find them on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -27,48 +28,44 @@ from algos.weighting import RED, FixedSFT, NoSFT
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RLOO_MODULE = '''
-"""RLOO: GRPO's step with the leave-one-out baseline instead of the group's mean and std."""
-
+LOO_ESTIMATOR = '''
 import torch
-
-from algos.registry import Algorithm
-from algos.trainer import Trainer
+from algos.objectives import Advantages, Estimator, StepInput, register_advantage
 
 
-def leave_one_out(rewards, group_id):
-    """Each reward minus the mean of the other rewards of its group (0 for a group of one)."""
-    same = group_id[:, None] == group_id[None, :]  # (B, B)
-    count = same.sum(1).to(rewards.dtype)  # (B,)
-    others = (same.to(rewards.dtype) @ rewards - rewards) / (count - 1).clamp_min(1)
-    return torch.where(count > 1, rewards - others, torch.zeros_like(rewards))
+def loo(step: StepInput) -> Advantages:
+    """RLOO: each reward minus the mean of the other rewards of its group (0 for a group of one)."""
+    same = step.group_id[:, None] == step.group_id[None, :]  # (B, B)
+    count = same.sum(1).float()  # (B,)
+    others = (same.float() @ step.rewards - step.rewards) / (count - 1).clamp_min(1)
+    adv = torch.where(count > 1, step.rewards - others, torch.zeros_like(step.rewards))
+    return Advantages(adv, {"critic/advantages/abs_mean": float(adv.abs().mean()), "loo/max": float(adv.max())})
 
 
-class RLOOTrainer(Trainer):
-    def make_batch(self, trajectories):
-        batch, metrics = super().make_batch(trajectories)
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        group_id = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-        adv = leave_one_out(rewards, group_id)
-        batch["adv"] = adv[batch["episode_id"]]
-        metrics["rloo/advantage_abs_mean"] = float(adv.abs().mean())
-        return batch, metrics
-
-
-RLOO = Algorithm("rloo", learner=RLOOTrainer, label="RLOO", defaults={"group_size": 3})
+def register():
+    register_advantage(Estimator("loo", loo, groups=True))
 '''
+"""The estimator from outside: one small function and one registration (its entry point names `register`)."""
+
+RLOO_ALGORITHM = """
+from algos.registry import Algorithm
+
+RLOO = Algorithm("rloo", learner="algos.trainer:Trainer", label="RLOO", advantage="loo", defaults={"group_size": 3})
+"""
+"""A learner-level plug-in: an algorithm that names the estimator as its own, with its own defaults and label."""
 
 
 def _plugin_dir(tmp_path: Path) -> Path:
     """A directory holding the RLOO module and the metadata of a distribution that registers it."""
     where = tmp_path / "plugin"
     (where / "rloo_plugin-0.1.dist-info").mkdir(parents=True)
-    (where / "rloo_plugin.py").write_text(textwrap.dedent(RLOO_MODULE))
+    (where / "loo_estimator.py").write_text(textwrap.dedent(LOO_ESTIMATOR))
+    (where / "rloo_plugin.py").write_text(textwrap.dedent(RLOO_ALGORITHM))
     (where / "rloo_plugin-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: rloo-plugin\nVersion: 0.1\n"
     )
     (where / "rloo_plugin-0.1.dist-info" / "entry_points.txt").write_text(
-        "[redcoda.algorithms]\nrloo = rloo_plugin:RLOO\n"
+        "[redcoda.algorithms]\nrloo = rloo_plugin:RLOO\n\n[redcoda.objectives]\nloo = loo_estimator:register\n"
     )
     return where
 
@@ -162,20 +159,21 @@ def test_a_setting_an_algorithm_cannot_honour_is_refused_in_one_line(capsys):
 
 
 def test_a_plugin_trains_through_the_command_line_and_the_comparison(tmp_path):
-    """RLOO, defined and registered outside the repository, trains 2 tiny steps as `python -m algos.train --algo
-    rloo` and as a system of `benchmarks.compare`; its own defaults (group size 3) and metrics are in the run."""
+    """RLOO's estimator, defined and registered outside the repository, trains 2 tiny steps as `python -m algos.train
+    --algo grpo --advantage loo`, and the algorithm that names it as its own (group size 3) as a system of
+    `benchmarks.compare`; its metrics are in every row."""
+    assert len(textwrap.dedent(LOO_ESTIMATOR).strip().splitlines()) <= 15
     plugin = _plugin_dir(tmp_path)
     listed = _run(["-m", "algos.train", "--list"], plugin, tmp_path)
     assert listed.returncode == 0 and "rloo: RLOO" in listed.stdout, listed.stderr
     run_dir = tmp_path / "run"
-    args = ["-m", "algos.train", "--algo", "rloo", "--preset", "tiny", "--run-dir", str(run_dir), "--eval-questions"]
-    trained = _run([*args, "0"], plugin, tmp_path)
+    args = ["-m", "algos.train", "--algo", "grpo", "--advantage", "loo", "--preset", "tiny", "--run-dir", str(run_dir)]
+    trained = _run([*args, "--eval-questions", "0"], plugin, tmp_path)
     assert trained.returncode == 0, trained.stderr[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2] and all("rloo/advantage_abs_mean" in row for row in rows)
+    assert [row["step"] for row in rows] == [1, 2] and all("loo/max" in row for row in rows)
     saved = json.loads((run_dir / "redcoda_config.json").read_text())
-    assert saved["algo"] == "rloo" and saved["group_size"] == 3
-    assert "RLOO" in (run_dir / "final" / "README.md").read_text()
+    assert saved["algo"] == "grpo" and saved["advantage"] == "loo"
     out = tmp_path / "compare"
     compared = _run(
         ["-m", "benchmarks.compare", "--budget", "tiny", "--algos", "rloo", "--seeds", "1", "--no-baseline"]
@@ -185,5 +183,8 @@ def test_a_plugin_trains_through_the_command_line_and_the_comparison(tmp_path):
     )
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "rloo" in (out / "table.md").read_text()
-    unknown = _run([*args, "0", "--algo", "nope"], plugin, tmp_path)
-    assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
+    rows = [json.loads(line) for line in next(out.rglob("metrics.jsonl")).read_text().splitlines()]
+    assert all("loo/max" in row for row in rows)  # the algorithm trained with the plug-in's estimator
+    assert "RLOO" in next(out.rglob("README.md")).read_text()
+    unknown = _run([*args, "--eval-questions", "0", "--advantage", "nope"], plugin, tmp_path)
+    assert unknown.returncode == 2 and "--advantage: unknown 'nope'; registered: group" in unknown.stderr
