@@ -284,5 +284,21 @@ for _builtin in (
         single_process="its critic and replay buffer would train on each rank's turns alone and drift apart",
         module="algos.archer",
     ),
+    # GRPO's learner with another registered estimator or loss (`algos.objectives`), under the field's names
+    Algorithm("rloo", _TRAINER, "RLOO (leave-one-out baseline)", advantage="rloo"),
+    Algorithm("reinforce_pp", _TRAINER, "REINFORCE++ (batch-whitened returns)", advantage="reinforce_pp"),
+    Algorithm(
+        "dr_grpo",
+        _TRAINER,
+        "Dr. GRPO (no std division, token sums over contexts)",
+        advantage="dr_grpo",
+        defaults={"loss_agg": "seq-mean-token-sum"},
+    ),
+    Algorithm(
+        "gspo",
+        _TRAINER,
+        "GSPO (sequence-level ratio)",
+        defaults={"policy_loss": "gspo", "loss_agg": "seq-mean-token-mean", "clip_eps": 3e-4, "clip_eps_high": 4e-4},
+    ),
 ):
     register_algorithm(_builtin)

@@ -166,8 +166,8 @@ def sft(run_dir: Path, fsdp: bool = False) -> None:
 
 
 def grpo(run_dir: Path, fsdp: bool = False) -> None:
-    """GRPO, 2 steps."""
-    config = preset_config("tiny", algo="grpo", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=fsdp)
+    """GRPO with a fixed SFT term (so each term's gradient norm is logged), 2 steps."""
+    config = preset_config("tiny", algo="grpo_sft", run_dir=str(run_dir), lr=LR, eval_questions=0, fsdp=fsdp)
     _train(SmallEpsRun(config, learner=VaryingRewards))
 
 

@@ -98,7 +98,6 @@ def test_evaluate_and_first_search_run_as_console_scripts(tmp_path, monkeypatch,
     assert "oracle" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch.cuda") is None, reason="torch without CUDA modules")
 def test_sampler_gpu_says_in_one_line_that_it_needs_a_gpu(tiny_dir):
     import torch
 

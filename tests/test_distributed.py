@@ -92,6 +92,10 @@ def test_two_processes_train_what_one_process_trains(name, two_processes, one_pr
     for a, b in zip(rows_one, rows_two, strict=True):  # metrics are reduced over the ranks: the global batch's
         for key in ("total_loss", "tokens/trained", "critic/rewards/mean", "train/grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6, nan_ok=True), key
+        terms = ("rl/grad_norm", "sft/grad_norm", "rl/signal_rows")  # each term's norm, the share: every rank's
+        assert [key in b for key in terms] == [key in a for key in terms]
+        for key in (key for key in terms if key in a):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     if name.startswith(("grpo", "ppo")):
         assert any(abs(r["loss_pg"]) > 0 for r in rows_two)  # the policy gradient did act
     if name.startswith("grpo"):

@@ -82,7 +82,19 @@ EXAMPLES: dict[str, dict[str, object]] = {
 """A non-default example of every setting the run's own sections do not hold (those the run honours for every
 algorithm: its env, model, optimisation and run settings)."""
 
-ALGOS = ["grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"]
+ALGOS = [
+    "grpo",
+    "grpo_sft",
+    "red_grpo",
+    "grpo_expert",
+    "sft",
+    "ppo",
+    "archer",
+    "rloo",
+    "reinforce_pp",
+    "dr_grpo",
+    "gspo",
+]
 
 
 def _run_sections() -> set[str]:

@@ -50,7 +50,7 @@ def register():
 RLOO_ALGORITHM = """
 from algos.registry import Algorithm
 
-RLOO = Algorithm("rloo", learner="algos.trainer:Trainer", label="RLOO", advantage="loo", defaults={"group_size": 3})
+RLOO = Algorithm("loo_grpo", learner="algos.trainer:Trainer", label="LOO", advantage="loo", defaults={"group_size": 3})
 """
 """A learner-level plug-in: an algorithm that names the estimator as its own, with its own defaults and label."""
 
@@ -65,7 +65,7 @@ def _plugin_dir(tmp_path: Path) -> Path:
         "Metadata-Version: 2.1\nName: rloo-plugin\nVersion: 0.1\n"
     )
     (where / "rloo_plugin-0.1.dist-info" / "entry_points.txt").write_text(
-        "[redcoda.algorithms]\nrloo = rloo_plugin:RLOO\n\n[redcoda.objectives]\nloo = loo_estimator:register\n"
+        "[redcoda.algorithms]\nloo_grpo = rloo_plugin:RLOO\n\n[redcoda.objectives]\nloo = loo_estimator:register\n"
     )
     return where
 
@@ -81,10 +81,18 @@ def _run(args: list[str], plugin: Path, cwd: Path) -> subprocess.CompletedProces
 
 
 def test_every_builtin_name_is_registered_with_a_label_and_an_entry_point():
-    assert algorithm_names()[:7] == ["grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"]
-    for name in algorithm_names()[:7]:
+    assert algorithm_names()[:11] == [
+        *("grpo", "grpo_sft", "red_grpo", "grpo_expert", "sft", "ppo", "archer"),
+        *("rloo", "reinforce_pp", "dr_grpo", "gspo"),
+    ]
+    for name in algorithm_names()[:11]:
         entry = algorithm(name)
-        assert entry.label and entry.command() == ["-m", f"algos.{name}"]
+        own = ["-m", f"algos.{name}"] if entry.module else ["-m", "algos.train", "--algo", name]
+        assert (
+            entry.label
+            and entry.command() == own
+            and (entry.module is None) == (name in ("rloo", "reinforce_pp", "dr_grpo", "gspo"))
+        )
         assert issubclass(entry.config_class(), Config)
         assert callable(entry.learner_class())
 
@@ -165,7 +173,7 @@ def test_a_plugin_trains_through_the_command_line_and_the_comparison(tmp_path):
     assert len(textwrap.dedent(LOO_ESTIMATOR).strip().splitlines()) <= 15
     plugin = _plugin_dir(tmp_path)
     listed = _run(["-m", "algos.train", "--list"], plugin, tmp_path)
-    assert listed.returncode == 0 and "rloo: RLOO" in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and "loo_grpo: LOO" in listed.stdout, listed.stderr
     run_dir = tmp_path / "run"
     args = ["-m", "algos.train", "--algo", "grpo", "--advantage", "loo", "--preset", "tiny", "--run-dir", str(run_dir)]
     trained = _run([*args, "--eval-questions", "0"], plugin, tmp_path)
@@ -176,15 +184,15 @@ def test_a_plugin_trains_through_the_command_line_and_the_comparison(tmp_path):
     assert saved["algo"] == "grpo" and saved["advantage"] == "loo"
     out = tmp_path / "compare"
     compared = _run(
-        ["-m", "benchmarks.compare", "--budget", "tiny", "--algos", "rloo", "--seeds", "1", "--no-baseline"]
+        ["-m", "benchmarks.compare", "--budget", "tiny", "--algos", "loo_grpo", "--seeds", "1", "--no-baseline"]
         + ["--out", str(out)],
         plugin,
         tmp_path,
     )
     assert compared.returncode == 0, compared.stderr[-2000:]
-    assert "rloo" in (out / "table.md").read_text()
+    assert "loo_grpo" in (out / "table.md").read_text()
     rows = [json.loads(line) for line in next(out.rglob("metrics.jsonl")).read_text().splitlines()]
     assert all("loo/max" in row for row in rows)  # the algorithm trained with the plug-in's estimator
-    assert "RLOO" in next(out.rglob("README.md")).read_text()
+    assert "LOO" in next(out.rglob("README.md")).read_text()
     unknown = _run([*args, "--eval-questions", "0", "--advantage", "nope"], plugin, tmp_path)
     assert unknown.returncode == 2 and "--advantage: unknown 'nope'; registered: group" in unknown.stderr

@@ -114,6 +114,18 @@ def test_the_estimate_follows_the_settings():
     assert lora.parts["optimizer"] == 2 * (n // 100) * 4 and lora.parts["weights"] == n * 4  # the base stays whole
     assert "reference model" not in plain.parts
     assert memory.estimate(preset_config("gpu", device="cuda", kl_coef=0.01), shape).parts["reference model"] == n * 4
+    assert plain.parts["term gradient copy"] == n * 4  # RED's: the RL gradient kept while the SFT term's adds up
+    assert "term gradient copy" not in memory.estimate(base.with_values(term_grad_norms=False), shape).parts
+    grpo = preset_config("gpu", device="cuda", algo="grpo")  # no SFT term to tell apart
+    assert "term gradient copy" not in memory.estimate(grpo, shape).parts
+
+
+def test_a_run_that_fits_without_the_gradient_copy_is_told_to_drop_it():
+    shape = memory.Shape.of(_qwen25_3b_config())
+    found = memory.estimate(preset_config("gpu", device="cuda", algo="red_grpo"), shape)
+    without = found.total - found.parts["term gradient copy"]
+    with pytest.raises(memory.DoesNotFit, match="try --no-term-grad-norms"):
+        memory.check(found, capacity=(without + 1) / memory.MARGIN)
 
 
 def test_check_refuses_in_one_line_what_does_not_fit():

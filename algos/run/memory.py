@@ -191,6 +191,8 @@ def estimate(
         "gradients": trainable * param_bytes / shards,
         "optimizer": 2 * trainable * param_bytes / shards,  # AdamW's two moments, in the weights' dtype
     }
+    if _copies_rl_gradient(config):  # --term-grad-norms: the RL term's gradient, kept while the SFT term's adds up
+        parts["term gradient copy"] = trainable * param_bytes / shards
     if shards > 1:  # sampling and no-grad scoring hold the whole weights on every rank
         parts["gathered weights"] = shape.parameters * param_bytes * (1 - 1 / shards)
     if config.rl.kl_coef > 0:
@@ -299,12 +301,22 @@ def _device_name(device: str) -> str:
     return "GPU" if device.startswith("cuda") else "CPU rank"
 
 
+def _copies_rl_gradient(config: Any) -> bool:
+    """Whether a step keeps a copy of the RL gradient: with ``--term-grad-norms`` beside an SFT term."""
+    from algos.registry import algorithm
+
+    algo = algorithm(config.run.algo)
+    return config.optim.term_grad_norms and algo.step == "rl" and algo.sft_weighting != "none"
+
+
 def check(found: Estimate, capacity: float) -> None:
     """Raise `DoesNotFit` when `found` exceeds `MARGIN` of `capacity` bytes, naming what would help."""
     if found.total <= MARGIN * capacity:
         return
     hints = ["--gradient-checkpointing", "--fsdp over more GPUs", "--param-dtype bfloat16", "--lora"]
     hints += ["a smaller --micro-batch-tokens", "a smaller --sampler-batch-size or --max-context-tokens"]
+    if "term gradient copy" in found.parts and found.total - found.parts["term gradient copy"] <= MARGIN * capacity:
+        hints = ["--no-term-grad-norms (the copy of the RL gradient that each term's norm needs)", *hints]
     if max(found.parts, key=found.parts.get) == "held-out evaluation":
         hints = ["a smaller --eval-batch-size or --max-context-tokens", *hints]
     if max(found.parts, key=found.parts.get) == "rollout batch":  # the step's episodes: fewer of them, first
