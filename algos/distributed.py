@@ -302,14 +302,6 @@ def sum_gradients(params: Sequence[torch.nn.Parameter]) -> None:
         dist.all_reduce(p.grad)
 
 
-def sum_tensors(tensors: Sequence[torch.Tensor]) -> None:
-    """Sum each tensor over the ranks in place, one all-reduce each (a kept copy of a gradient, say)."""
-    if not _active():
-        return
-    for t in tensors:
-        dist.all_reduce(t)
-
-
 def zero_pass(model: torch.nn.Module, pad_token_id: int = 0) -> None:
     """One forward and backward pass that adds exact zeros to every gradient: two pad tokens, loss multiplied by 0.
 

@@ -15,7 +15,7 @@ from algos import distributed
 from algos.batch import masked_token_logprobs, micro_batches, token_logprobs, token_logprobs_and_entropy
 from algos.losses import sampler_mismatch, tis_weights
 
-__all__ = ["logprobs", "score_rows", "take_old_logp"]
+__all__ = ["logprobs", "score_pass", "score_rows", "take_old_logp"]
 
 
 def logprobs(
@@ -100,4 +100,32 @@ def take_old_logp(batch: TensorDict, old_logp: torch.Tensor, *, tis_cap: float |
         capped = (batch["is_weight"] >= tis_cap) & mask
         found["mismatch/tis_weight_mean"] = float(batch["is_weight"][mask].mean()) if mask.any() else 1.0
         found["mismatch/tis_capped_fraction"] = float(capped.sum() / mask.sum().clamp(min=1))
+    return found
+
+
+def score_pass(
+    batch: TensorDict,
+    keys: Sequence[str],
+    score: Callable[[TensorDict], dict[str, torch.Tensor]],
+    rows: Callable[[TensorDict, Sequence[int]], TensorDict],
+    picked: torch.Tensor | None,
+    *,
+    micro_batch_tokens: int,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+    tis_cap: float | None,
+) -> dict[str, float]:
+    """A step's one scoring pass: `score_rows` over the rows `picked` (None: every row), setting `keys` on `batch`
+    (``old_logp`` through `take_old_logp`); 0 on the rows not picked. Returns `take_old_logp`'s metrics."""
+    if not keys:
+        return {}
+    part = batch if picked is None else batch[picked]
+    scores = score_rows(part, score, rows, micro_batch_tokens=micro_batch_tokens, autocast=autocast)
+    found = take_old_logp(part, scores.pop("old_logp"), tis_cap=tis_cap) if "old_logp" in scores else {}
+    for key, value in scores.items():
+        part[key] = value
+    if picked is not None:  # back into the whole batch
+        for key in {*keys, *(["is_weight"] if "is_weight" in part.keys() else [])}:
+            if key not in batch.keys():
+                batch[key] = torch.zeros(batch.batch_size[0], *part[key].shape[1:], dtype=part[key].dtype)
+            batch[key][picked] = part[key]
     return found

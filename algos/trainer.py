@@ -31,34 +31,36 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from agents.collate import collate_sft, collate_trajectories
+from agents.collate import collate_trajectories
 from agents.records import Trajectory
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
-from algos.dynamic_sampling import signal_groups, signal_rows
-from algos.losses import entropy_estimate, kl_penalty, sft_loss, total_loss
+from algos.dynamic_sampling import play, signal_rows
+from algos.losses import entropy_estimate, kl_penalty, total_loss
 from algos.objectives.advantages import Advantages, StepInput
 from algos.objectives.policy_losses import LossScale, pg_terms
 from algos.objectives.registry import aggregation, estimator, policy_loss_spec
 from algos.run.learner import Learner
 from algos.run.training_run import TrainingRun, sync
 from algos.search_credit import token_advantages
-from algos.sft_data import sample_indices
-from algos.step_metrics import Rollouts, rewards_tied, sft_step_metrics, step_metrics
+from algos.sft_term import SFTTerm
+from algos.step_metrics import Rollouts, rewards_tied, step_metrics
+from algos.term_norms import term_norms
 
 __all__ = ["Trainer"]
 
 
-class Trainer(Learner):
+class Trainer(SFTTerm, Learner):
     """The GRPO family's learner: the step below, on its run's model, sampler, collector and optimizer.
 
     Details a reader may need:
 
-    - Advantages are group-normalized episode rewards (`episode_advantages`), broadcast to every generation of the
-      episode (a CoDA episode's planner and executor contexts alike, as CoDA's PECO); ``search_credit`` adds each
-      search turn's own credit on that turn's tokens (`algos.search_credit`), ``max_resample_batches`` replaces tied
-      groups before the update (`_play`, `algos.dynamic_sampling`), and ``pg_token_norm=signal`` divides the RL terms
-      by the tokens of the contexts that carry an advantage (docs/method.md, "Steps that carry a gradient").
+    - Advantages come from the registered estimator (``--advantage``, `algos.objectives`; GRPO's group-normalised
+      episode rewards by default), an episode's broadcast to every generation of it (a CoDA episode's planner and
+      executor contexts alike, as CoDA's PECO); ``search_credit`` adds each search turn's own credit on that turn's
+      tokens (`algos.search_credit`), ``max_resample_batches`` replaces tied groups before the update
+      (`algos.dynamic_sampling.play`); the policy loss and its aggregation are registered too (``--policy-loss``,
+      ``--loss-agg``, docs/method.md).
     - loss_pg is the clipped token-level objective over every sampled token of the batch, normalized by the
       batch's total count of sampled tokens, and loss_sft likewise over the demonstrations' assistant tokens: so
       micro-batches (rows of similar length, ``micro_batch_tokens`` padded tokens at most,
@@ -77,11 +79,11 @@ class Trainer(Learner):
     - A step in which more than ``max_retrieval_error_rate`` of the searches failed (a dead or hung retrieval
       server) raises `TrainingStopped` before the update.
 
-    Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`):
-    ``make_batch`` sets the advantages (per generation or per token), ``rl_loss_terms`` returns a micro-batch's
-    ``loss_*`` terms, ``__init__`` / ``param_groups`` add modules (a value head, a critic) and ``state_dict`` /
-    ``load_state_dict`` put their state into the checkpoints. ``update_epochs`` > 1 takes several optimizer steps on
-    one batch (PPO epochs); the GRPO family uses 1.
+    Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`,
+    `algos.expert_groups.ExpertTrainer`): they extend the steps of `make_batch` (their episodes, scores and their
+    estimator's inputs), ``rl_loss_terms`` returns a micro-batch's ``loss_*`` terms, ``__init__`` / ``param_groups``
+    add modules (a value head, a critic) and ``state_dict`` / ``load_state_dict`` put their state into the
+    checkpoints. ``update_epochs`` > 1 takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.
 
     Args:
         run: The run that holds this learner (built up to its demonstrations; the optimizer comes after).
@@ -111,7 +113,7 @@ class Trainer(Learner):
             probe = min(max(probe, self.run.world.size), cfg.rl.questions_per_step)
         # --fsdp: the whole weights on every rank from sampling through the no-grad passes of make_batch
         with self.run.full_weights():
-            trajectories, gathered, played, resampled = self._play(probe)
+            trajectories, gathered, played, resampled = play(self.run.collector, cfg.rl, probe, self.autocast)
             t_rollout = time.perf_counter() - step_start
             infos = [t.info for t in played]
             # a step whose searches or generations failed past their allowed share stops the run before the update
@@ -145,28 +147,6 @@ class Trainer(Learner):
             t_rollout=t_rollout,
             t_old_logp=t_old_logp,
         )
-
-    def _play(self, probe: int | None) -> tuple[list[Trajectory], list[Trajectory], list[Trajectory], int]:
-        """Play the step's groups: this rank's episodes to train on, every rank's of them, every episode played, and
-        how many extra batches dynamic sampling (``max_resample_batches``, one process) played for groups whose
-        advantage is not 0 (`algos.dynamic_sampling`); without it the first three are the one batch's."""
-        rl = self.config.rl
-        with self.autocast():  # under bf16 the sampler runs in bf16 too; old_logp="auto" then recomputes
-            trajectories = self.run.collector.collect(probe)  # data parallel: this rank's share of the step's groups
-        gathered = distributed.gather_episodes(trajectories)  # data parallel: every rank's episodes
-        if not rl.max_resample_batches:
-            return trajectories, gathered, gathered, 0
-        wanted, played, rounds = probe or rl.questions_per_step, list(trajectories), 0
-        keep = signal_groups(played, rl.search_credit, rl.repeat_penalty)
-        while len(keep) < wanted and rounds < rl.max_resample_batches:
-            with self.autocast():  # only as many new questions as are missing
-                played += self.run.collector.collect(wanted - len(keep))
-            keep, rounds = signal_groups(played, rl.search_credit, rl.repeat_penalty), rounds + 1
-        if not keep:  # no group carries a signal: the first batch, all tied, as without dynamic sampling
-            return trajectories, gathered, played, rounds
-        chosen = set(keep[:wanted])
-        kept = [t for t in played if t.group_id in chosen]
-        return kept, kept, played, rounds
 
     def update(self, rollouts: Rollouts) -> dict[str, float]:
         """The second half of `train_step`: weigh the SFT term, update the model on `rollouts`; return the metrics."""
@@ -228,23 +208,12 @@ class Trainer(Learner):
         return metrics
 
     def term_grad_norms(self) -> dict[str, float]:
-        """Each term's gradient norm after the ranks' gradients are summed, before clipping (``--term-grad-norms``).
-
-        Without an SFT term the RL term's gradient is the whole one. With it, the kept RL gradient is summed over
-        the ranks as the whole one was (DDP: one all-reduce each; under ``--fsdp`` the gradients are already the
-        global ones' shards) and the SFT term's is the rest; a sharded gradient's norm adds every rank's shard.
-        """
+        """Each term's gradient norm, every rank's, before clipping (`algos.term_norms`)."""
         if not self.config.optim.term_grad_norms:
             return {}
-        grads = [p.grad for p in self.run.trainable]
-        if self._rl_grads is None:
-            return {"rl/grad_norm": _norm([g for g in grads if g is not None])}
-        rl_grads = self._rl_grads
-        if self.run.world.enabled and not self.run.fsdp:  # data parallel: the RL term's gradient of every rank
-            distributed.sum_tensors([g for g in rl_grads if g is not None])
-        sft_grads = [g if r is None else g - r for g, r in zip(grads, rl_grads, strict=True) if g is not None]
-        self._rl_grads = None
-        return {"rl/grad_norm": _norm([g for g in rl_grads if g is not None]), "sft/grad_norm": _norm(sft_grads)}
+        kept, self._rl_grads = self._rl_grads, None
+        ddp = self.run.world.enabled and not self.run.fsdp  # DDP summed the whole gradient: the kept part too
+        return term_norms([p.grad for p in self.run.trainable], kept, sum_kept=ddp)
 
     def make_batch(self, trajectories: Sequence[Trajectory]) -> tuple[TensorDict, dict[str, float]]:
         """The RL batch of one step and metrics about it, in fixed steps every learner shares, before the update:
@@ -289,8 +258,7 @@ class Trainer(Learner):
         return collate_trajectories(episodes, pad_token_id=self.run.pad_id)
 
     def scored_keys(self) -> tuple[str, ...]:
-        """What the step's scoring pass computes: the old log-probs under ``old_logp=recompute`` (a learner adds its
-        own per-token scores)."""
+        """What the scoring pass computes: old log-probs under ``old_logp=recompute`` (a learner adds its own)."""
         return ("old_logp",) if self.config.recompute_old_logp else ()
 
     def old_scores(self, part: TensorDict) -> dict[str, torch.Tensor]:
@@ -303,28 +271,13 @@ class Trainer(Learner):
         return None
 
     def score_old(self, batch: TensorDict) -> dict[str, float]:
-        """The step's one scoring pass (`scoring.score_rows`): sets `scored_keys` on `batch` (old log-probs replace
-        the sampler's, with ``mismatch/*`` and ``--tis-cap``'s weights: `scoring.take_old_logp`)."""
-        keys = self.scored_keys()
-        if not keys:
-            return {}
-        rows = self.score_rows(batch)
-        part = batch if rows is None else batch[rows]
+        """The step's one scoring pass (`scoring.score_pass`): sets `scored_keys` on `batch`, old log-probs in place of
+        the sampler's (with ``mismatch/*`` and ``--tis-cap``'s weights); returns its metrics."""
         cfg = self.config
-        scores = scoring.score_rows(
-            part, self.old_scores, self._rows, micro_batch_tokens=cfg.optim.micro_batch_tokens, autocast=self.autocast
-        )
-        found = {}
-        if "old_logp" in scores:
-            found = scoring.take_old_logp(part, scores.pop("old_logp"), tis_cap=cfg.rl.tis_cap)
-        for key, value in scores.items():
-            part[key] = value
-        if rows is not None:  # back into the whole batch (0 on the other rows)
-            for key in {*keys, *(["is_weight"] if "is_weight" in part.keys() else [])}:
-                if key not in batch.keys():
-                    batch[key] = torch.zeros(batch.batch_size[0], *part[key].shape[1:], dtype=part[key].dtype)
-                batch[key][rows] = part[key]
-        return found
+        return scoring.score_pass(
+            batch, self.scored_keys(), self.old_scores, self._rows, self.score_rows(batch),
+            micro_batch_tokens=cfg.optim.micro_batch_tokens, autocast=self.autocast, tis_cap=cfg.rl.tis_cap,
+        )  # fmt: skip
 
     def advantage_inputs(
         self, episodes: Sequence[Trajectory], batch: TensorDict, metrics: dict[str, float]
@@ -371,19 +324,6 @@ class Trainer(Learner):
         with torch.no_grad():
             ref_logp, _ = self._logprobs(self.run.ref_model, part, temperature=rl.temperature)
         return rl.kl_coef * kl_penalty(logp, ref_logp, mask, rl.kl_estimator, num_tokens=num_tokens)
-
-    def sft_indices(self, step: int) -> Sequence[int]:
-        """Indices into ``demos`` of the global SFT minibatch of `step` (a function of the seed and the step only)."""
-        sft, seed = self.config.sft, self.config.run.seed
-        roles = [d.role for d in self.run.demos] if sft.sft_planner_share is not None else None
-        return sample_indices(
-            len(self.run.demos), sft.sft_batch_size, seed, step, roles=roles, planner_share=sft.sft_planner_share
-        )
-
-    def sft_minibatch(self, step: int) -> TensorDict:
-        """The SFT minibatch of `step` (a function of the seed and the step only)."""
-        picks = distributed.shard(self.sft_indices(step), self.run.world)  # data parallel: this rank's share
-        return collate_sft([self.run.demos[i] for i in picks], pad_token_id=self.run.pad_id)
 
     def rl_micro_batches(self, batch: TensorDict) -> list[list[int]]:
         """Row indices of each micro-batch the RL backward of `batch` runs, in order (`algos.batch.micro_batches`).
@@ -436,50 +376,6 @@ class Trainer(Learner):
             out.update({f"rl/{key}": value / run_tokens for key, value in token_sums.items()})
         return out
 
-    def _sft_backward(self, sft_batch: TensorDict, coef: float) -> dict[str, float]:
-        """Backward of ``coef * loss_sft`` micro-batch by micro-batch; also measures the demos' predictive entropy."""
-        (num_tokens,) = distributed.all_sum(float(sft_batch["loss_mask"].sum()))  # data parallel: as in _rl_backward
-        lengths = sft_batch["attention_mask"].sum(-1).tolist()
-        nll, entropy_sum, trained_tokens = 0.0, 0.0, 0
-        parts = micro_batches(lengths, self.config.optim.micro_batch_tokens)
-        with self.run.matched_passes(len(parts)):  # --fsdp: as many forward/backward passes as the busiest rank
-            for rows in parts:
-                part = self._rows(sft_batch, rows)
-                with self.autocast():
-                    logp, entropy = self._logprobs(self.run.policy, part, with_entropy=True)  # (n, L-1) each
-                    part_nll = sft_loss(logp, part["loss_mask"], num_tokens=num_tokens)
-                (coef * part_nll).backward()
-                nll += float(part_nll.detach())
-                entropy_sum += float(entropy[part["loss_mask"]].sum())
-                trained_tokens += int(part["attention_mask"].sum())
-        nll, entropy_sum, trained_tokens = distributed.all_sum(nll, entropy_sum, trained_tokens)  # data parallel
-        return {
-            "loss_sft": coef * nll,
-            "sft/nll": nll,
-            "sft/entropy": entropy_sum / max(num_tokens, 1.0),
-            "tokens/trained_sft": int(trained_tokens),
-        }
-
-    def sft_step(self) -> dict[str, float]:
-        """One supervised step on oracle demonstrations alone: the warm start of ``python -m algos.sft``.
-
-        No rollouts: the model learns the protocol from the demonstrations (loss = loss_sft, weight 1), so
-        GRPO's groups later hold valid episodes with different rewards. Reward and F1 are logged as NaN.
-        """
-        start = time.perf_counter()
-        self.run.policy.train()
-        self.run.optimizer.zero_grad(set_to_none=True)
-        metrics = self._sft_backward(self.sft_minibatch(self.run.step), 1.0)
-        self.run.sync_gradients()  # data parallel: sum the ranks' gradients
-        sync()
-        t_fwd_bwd = time.perf_counter() - start
-        grad_norm = distributed.clip_grad_norm_(self.run.trainable, self.config.optim.grad_clip or math.inf)
-        self.run.optimizer.step()
-        self.run.optimizer.zero_grad(set_to_none=True)
-        self.run.policy.eval()
-        self.run.finish_update(push=False)  # step + 1; no rollouts here, so no sampler waits for the weights
-        return sft_step_metrics(self.run, metrics, float(grad_norm), start, t_fwd_bwd)
-
     # --- forward passes ------------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
         """bfloat16 autocast on the run's device under ``use_bf16``; else a no-op."""
@@ -502,14 +398,3 @@ class Trainer(Learner):
     def load_state_dict(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.last_step_tied = bool(state.get("last_step_tied", False))
         super().load_state_dict(tensors, {k: v for k, v in state.items() if k != "last_step_tied"})
-
-
-def _norm(tensors: Sequence[torch.Tensor]) -> float:
-    """The L2 norm of `tensors` together; a sharded tensor (``--fsdp``) adds every rank's shard (`all_sum`)."""
-    sharded = any(hasattr(t, "to_local") for t in tensors)
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-    squares = torch.stack([t.detach().float().square().sum() for t in local]).sum() if local else torch.zeros(())
-    if sharded:
-        (total,) = distributed.all_sum(float(squares))
-        return total**0.5
-    return float(squares.sqrt())
