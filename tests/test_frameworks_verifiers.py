@@ -19,7 +19,11 @@ import envs
 from envs.frameworks import json_roundtrip
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {"split": "train", "max_turns": 4}
+SETTINGS = {
+    "split": "train",
+    "max_turns": 4,
+    "corpus": "distractor",
+}  # BM25 over each question's own paragraphs: no index to load in the tool server
 
 
 def scripted_model(plans: dict[str, list[tuple[str, str]]], seen: list[dict]) -> FastAPI:
@@ -123,5 +127,7 @@ def test_without_the_extra_the_import_names_it(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "verifiers", None)
     monkeypatch.delitem(sys.modules, "envs.frameworks.verifiers_env", raising=False)
-    with pytest.raises(DependencyNotInstalled, match=r"^verifiers is not installed: pip install 'redcoda\[verifiers\]'$"):
+    with pytest.raises(
+        DependencyNotInstalled, match=r"^verifiers is not installed: pip install 'redcoda\[verifiers\]'$"
+    ):
         import envs.frameworks.verifiers_env  # noqa: F401

@@ -110,16 +110,17 @@ class RedCodaTools(vf.Toolset[RedCodaToolsConfig, RedCodaState]):
     @vf.tool
     async def search(self, query: str) -> str:
         """Search the corpus for passages about a query (an entity, a title or a short question)."""
-        return await asyncio.to_thread(self._act, f"<search>{query}</search>")
+        return await asyncio.to_thread(self.play, self.state, f"<search>{query}</search>")
 
     @vf.tool
     async def answer(self, answer: str) -> str:
         """Give the final answer to the question (a few words), which ends the episode."""
-        reply = await asyncio.to_thread(self._act, f"<answer>{answer}</answer>")
+        reply = await asyncio.to_thread(self.play, self.state, f"<answer>{answer}</answer>")
         return reply or "The answer is recorded; the episode is over."
 
-    def _act(self, action: str) -> str:
-        state = self.state
+    def play(self, state: RedCodaState, action: str) -> str:
+        """Step the rollout's episode (the one `state` names; made and reset on its first action) with `action`;
+        the env's observation. `state` records the action and, when the episode ends, its reward and info."""
         if state.index < 0 or not state.episode:
             raise ValueError("this rollout carries no RedCoda question (its task did not set up)")
         if state.reward is not None:
@@ -221,8 +222,16 @@ class LocalChatHarness(vf.Harness[LocalChatHarnessConfig]):
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None):
         system_prompt, prompt = self.resolve_prompt(data)
         return await launch_chat_program(
-            CHAT_PROGRAM_SOURCE, self.config, ctx, trace, _ThisInterpreter(runtime), endpoint, secret, mcp_urls,
-            system_prompt, prompt,
+            CHAT_PROGRAM_SOURCE,
+            self.config,
+            ctx,
+            trace,
+            _ThisInterpreter(runtime),
+            endpoint,
+            secret,
+            mcp_urls,
+            system_prompt,
+            prompt,
         )
 
 
