@@ -26,9 +26,10 @@ SETTINGS = {
 }  # BM25 over each question's own paragraphs: no index to load in the tool server
 
 
-def scripted_model(plans: dict[str, list[tuple[str, str]]], seen: list[dict]) -> FastAPI:
+def scripted_model(plans: dict[str, list[tuple[str, str | dict]]], seen: list[dict]) -> FastAPI:
     """An OpenAI-compatible chat endpoint that plays a fixed list of tool calls per question (streamed, as verifiers'
-    chat loop asks), then a closing message without tool calls. `seen` collects every request body."""
+    chat loop asks), then a closing message without tool calls. A call is (tool, its one argument's value) or (tool,
+    the arguments as a dict). `seen` collects every request body."""
     app = FastAPI()
 
     def reply(body: dict) -> dict:
@@ -39,9 +40,9 @@ def scripted_model(plans: dict[str, list[tuple[str, str]]], seen: list[dict]) ->
         if done >= len(plan):
             return {"role": "assistant", "content": "Done."}
         name, argument = plan[done]
-        key = "query" if name == "search" else "answer"
+        arguments = argument if isinstance(argument, dict) else {"query" if name == "search" else "answer": argument}
         call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function"}
-        call["function"] = {"name": name, "arguments": json.dumps({key: argument})}
+        call["function"] = {"name": name, "arguments": json.dumps(arguments)}
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
     @app.post("/v1/chat/completions")
@@ -90,13 +91,23 @@ def test_verifiers_rollouts_score_the_env_s_reward(serve_app, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the tool server and the chat loop import this checkout
     monkeypatch.setenv("OPENAI_API_KEY", "local")
     examples = gym.make("RedCoda-HotpotQA-v0").unwrapped.examples
-    plans = {examples[3].question: oracle_calls(examples[3]), examples[0].question: [("search", "Scott Derrickson")]}
+    bad = [
+        ("search", {"q": "Scott Derrickson"}),  # malformed arguments: the tool server refuses them, the rollout goes on
+        ("search", "x" * 20_000),  # over the env's action length: the env's invalid-action observation
+        ("answer", examples[17].answer),
+        ("answer", "again"),  # after the end: told the episode is over
+    ]
+    plans = {
+        examples[3].question: oracle_calls(examples[3]),
+        examples[0].question: [("search", "Scott Derrickson")],
+        examples[17].question: bad,
+    }
     seen: list[dict] = []
     url, _ = serve_app(scripted_model(plans, seen))
 
-    env = load_environment(indices=[3, 0], **SETTINGS)
+    env = load_environment(indices=[3, 0, 17], **SETTINGS)
     tasks = list(env.taskset)
-    assert [t.data.index for t in tasks] == [3, 0] and tasks[0].data.answers == ["Kolkata"]
+    assert [t.data.index for t in tasks] == [3, 0, 17] and tasks[0].data.answers == ["Kolkata"]
     client = vf.EvalClientConfig(base_url=f"{url}/v1", api_key_var="OPENAI_API_KEY")
     ctx = vf.ModelContext(model="scripted", client=client)
 
@@ -107,7 +118,7 @@ def test_verifiers_rollouts_score_the_env_s_reward(serve_app, monkeypatch):
     episodes = asyncio.run(run())
     for episode in episodes:
         assert not episode.errors, episode.errors
-    answered, silent = (episode.traces[0] for episode in episodes)
+    answered, silent, mistaken = (episode.traces[0] for episode in episodes)
     offered = {tool["function"]["name"] for tool in seen[0]["tools"]}
     assert offered == {"search", "answer"}
 
@@ -120,6 +131,23 @@ def test_verifiers_rollouts_score_the_env_s_reward(serve_app, monkeypatch):
     assert silent.rewards["redcoda"].score == reward < 0 and silent.metrics["answered"] == 0.0
     assert silent.state.index == 0 and silent.state.actions == ["<search>Scott Derrickson</search>"]
     assert envs.episode_metrics(info) == {k: silent.metrics[k] for k in envs.episode_metrics(info)}
+
+    assert mistaken.state.actions == [f"<search>{'x' * 20_000}</search>", f"<answer>{examples[17].answer}</answer>"]
+    assert mistaken.state.info["invalid_actions"] == 1 and mistaken.metrics["f1"] == 1.0
+    asked = [b for b in seen if any(examples[17].question in str(m.get("content")) for m in b["messages"])]
+    replies = asked[-1]["messages"]
+    tool_replies = [m["content"] for m in replies if m["role"] == "tool"]
+    assert len(tool_replies) == 4 and "query" in str(tool_replies[0]) and "over the limit" in str(tool_replies[1])
+    assert "episode is over" in str(tool_replies[3])
+
+
+def test_an_unknown_question_and_a_tool_call_without_a_task_are_clear_errors():
+    from envs.frameworks.verifiers_env import RedCodaState, RedCodaTools, RedCodaToolsConfig, load_environment
+
+    with pytest.raises(IndexError, match="index 99999 out of range for 1325 questions"):
+        list(load_environment(indices=[99_999], corpus="distractor").taskset)
+    with pytest.raises(ValueError, match="carries no RedCoda question"):
+        RedCodaTools(RedCodaToolsConfig(env_kwargs={"corpus": "distractor"})).play(RedCodaState(), "<search>a</search>")
 
 
 def test_without_the_extra_the_import_names_it(monkeypatch):

@@ -30,6 +30,7 @@ import gymnasium as gym
 import envs  # noqa: F401  (registers the RedCoda-* ids)
 from envs.frameworks import jsonable, require
 from envs.metrics import episode_metrics
+from envs.rag_env import question_index
 
 require("verifiers", "verifiers", __name__)
 
@@ -183,7 +184,8 @@ class RedCodaTaskset(vf.Taskset[RedCodaTask, RedCodaConfig]):
         env = make_env(self.config.env_id, self.config.env_kwargs).unwrapped
         chosen = range(env.num_examples) if self.config.indices is None else self.config.indices
         for index in chosen:
-            example = env.examples[int(index)]
+            index = question_index({"index": index}, env.num_examples)  # a clear error for an unknown question
+            example = env.examples[index]
             task = RedCodaTask(
                 RedCodaData(
                     id=example.id,
