@@ -90,3 +90,15 @@ def test_the_same_actions_score_the_same_through_every_adapter(adapter, protocol
         seen, expected = through_verifiers(index, actions), expected[-1:]  # a rollout's score is its last step's
     assert seen == expected
     assert expected[-1][1]["f1"] == 1.0 and expected[-1][0] > 3 - 1e-9 and len(seen) >= 1
+
+
+def test_the_adapters_import_without_torch_or_a_jvm():
+    """Importing an adapter loads its framework, not torch, and starts no JVM (the index starts with the first env)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    modules = ["openenv_server", "openenv_client", "verifiers_env", "skyrl"]
+    code = "; ".join(f"import envs.frameworks.{m}" for m in modules)
+    code += "; import sys, jnius_config; assert 'torch' not in sys.modules and not jnius_config.vm_running"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1], timeout=120)

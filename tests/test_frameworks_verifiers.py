@@ -150,6 +150,24 @@ def test_an_unknown_question_and_a_tool_call_without_a_task_are_clear_errors():
         RedCodaTools(RedCodaToolsConfig(env_kwargs={"corpus": "distractor"})).play(RedCodaState(), "<search>a</search>")
 
 
+def test_an_episode_dropped_from_the_tool_server_s_memory_comes_back_as_it_was(monkeypatch):
+    import envs.frameworks.verifiers_env as adapter
+
+    monkeypatch.setattr(adapter, "LIVE_EPISODES", 1)
+    tools = adapter.RedCodaTools(adapter.RedCodaToolsConfig(env_kwargs=SETTINGS))
+    asyncio.run(tools.setup())
+    first, second = adapter.RedCodaState(index=3, episode="a"), adapter.RedCodaState(index=0, episode="b")
+    tools.play(first, "<search>Qazi Touqeer</search>")
+    tools.play(second, "<search>Scott Derrickson</search>")
+    assert list(tools._episodes) == ["b"]  # the first rollout's env is gone
+    tools.play(first, "<answer>Kolkata</answer>")
+    assert (first.reward, first.info) == gym_outcome(3, [("search", "Qazi Touqeer"), ("answer", "Kolkata")])
+    assert first.info["num_searches"] == 1 and first.actions == [
+        "<search>Qazi Touqeer</search>",
+        "<answer>Kolkata</answer>",
+    ]
+
+
 def test_without_the_extra_the_import_names_it(monkeypatch):
     from gymnasium.error import DependencyNotInstalled
 

@@ -45,8 +45,8 @@ TOOL_GUIDE = (
     "need), then call the answer tool once with a short answer (a few words).\n\nQuestion: "
 )
 LIVE_EPISODES = 4096
-"""Episodes the tool server keeps at once; the oldest unfinished one is dropped beyond it (its rollout is scored by
-replay)."""
+"""Episodes the tool server keeps in memory; beyond it the oldest unfinished one is dropped (a rollout that calls a
+tool again gets it back by replaying its actions)."""
 
 
 class RedCodaToolsConfig(vf.SharedToolsetConfig):
@@ -129,9 +129,14 @@ class RedCodaTools(vf.Toolset[RedCodaToolsConfig, RedCodaState]):
         with self._lock:
             env = self._episodes.get(state.episode)
             if env is None:
-                kwargs = {**self.config.env_kwargs, **({"retriever": self._retriever} if self._retriever else {})}
+                kwargs = {
+                    **self.config.env_kwargs,
+                    **({"retriever": self._retriever} if self._retriever is not None else {}),
+                }
                 env = self._episodes[state.episode] = make_env(self.config.env_id, kwargs)
                 env.reset(options={"index": state.index})
+                for earlier in state.actions:  # an episode dropped from memory comes back as it was (deterministic)
+                    env.step(earlier)
                 while len(self._episodes) > LIVE_EPISODES:
                     self._episodes.popitem(last=False)[1].close()
         obs, reward, terminated, truncated, info = env.step(action)
