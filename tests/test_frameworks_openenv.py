@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -233,3 +234,17 @@ def test_the_adapter_is_openenv_core_s_environment_and_client():
 
     assert issubclass(RedCodaEnv, EnvClient) and issubclass(RedCodaEnvironment, Environment)
     assert RedCodaEnvironment.SUPPORTS_CONCURRENT_SESSIONS
+
+
+def doc_example(number: int) -> str:
+    """The `number`-th Python example of docs/environment.md's "From other frameworks" section."""
+    text = (ROOT / "docs" / "environment.md").read_text(encoding="utf-8")
+    section = text.split("## From other frameworks", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[number]
+
+
+def test_the_docs_openenv_example_runs(servers, capsys):
+    exec(doc_example(0).replace("http://127.0.0.1:8000", servers["coda"]), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "executor True 0.0" and printed[-2] == "planner False 3.075"
+    assert printed[-1].startswith("1.0 Qazi is a Kashmiri singer")

@@ -81,3 +81,10 @@ def test_without_the_extra_the_import_names_it(monkeypatch):
     monkeypatch.delitem(sys.modules, "envs.frameworks.skyrl")
     with pytest.raises(DependencyNotInstalled, match=r"^skyrl-gym is not installed: pip install 'redcoda\[skyrl\]'$"):
         import envs.frameworks.skyrl  # noqa: F401
+
+
+def test_the_docs_skyrl_example_runs(capsys):
+    from test_frameworks_openenv import doc_example
+
+    exec(doc_example(2), {})
+    assert capsys.readouterr().out.split() == ["3.05", "True", "1.0"]
