@@ -1,4 +1,7 @@
-"""Losses, SFT weighting rules and the GRPO / GRPO+SFT / GRPO+RED trainers (needs the `train` extra)."""
+"""The trainers (needs the `train` extra): the registered algorithms (`registry`: the GRPO family, SFT, PPO, ArCHer,
+RLOO, REINFORCE++, Dr. GRPO, GSPO and any another package registers), the pieces a researcher swaps in the RL term
+(`objectives`: estimators, policy losses, aggregations), the SFT weighting rules (`weighting`), the learners and the
+run around them (`run`)."""
 
 import importlib.util
 

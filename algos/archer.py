@@ -28,7 +28,7 @@ from tensordict import TensorDict
 from agents.records import Trajectory
 from algos.config import Config
 from algos.run.launch import main as train
-from algos.run.training_run import TrainingRun
+from algos.run.learner import RunParts
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import TurnCritic, turn_features, turn_spans
@@ -203,7 +203,7 @@ class ArCHerTrainer(Trainer):
     def progress_fields(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {**super().progress_fields(metrics), "q_loss": f"{metrics.get('critic/loss_q', float('nan')):.3f}"}
 
-    def __init__(self, run: TrainingRun) -> None:
+    def __init__(self, run: RunParts) -> None:
         super().__init__(run)
         cfg = self.config
         if not hasattr(run.policy, "get_decoder"):

@@ -42,7 +42,6 @@ from algos.setting_checks import (
 from algos.settings import (
     SECTION_OF,
     SECTIONS,
-    AlgoName,
     EnvSettings,
     ModelSettings,
     OptimSettings,
@@ -55,9 +54,7 @@ from algos.settings import (
 __all__ = [
     "QUERY_REWRITE_ENV",
     "VALIDATE_ON_INIT",
-    "AlgoName",
     "Config",
-    "PresetName",
     "argv_preset",
     "default_preset",
     "preset_config",
@@ -71,7 +68,7 @@ RENAMED = {"pg_token_norm": ("loss_agg", lambda v: {"all": "token-mean", "signal
 
 @dataclass(frozen=True)
 class Config:
-    """Settings of one training run (GRPO, GRPO + fixed SFT, or GRPO + RED), in sections.
+    """Settings of one training run of any registered algorithm (`algos.registry`), in sections.
 
     The sections' flags carry no prefix (``--top-k``, not ``--env.top-k``): each section is a group of ``--help``.
     A learner's settings class extends this one with fields of its own (`algos.ppo.PPOConfig`), read as

@@ -29,7 +29,7 @@ from algos.objectives.policy_losses import LossScale
 from algos.objectives.registry import estimator
 from algos.off_policy import shaped_expert_loss
 from algos.run import setup as run_setup
-from algos.run.training_run import TrainingRun
+from algos.run.learner import RunParts
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied
@@ -126,7 +126,7 @@ class ExpertTrainer(Trainer):
       ``expansion/*``). Not with tree rollouts.
     """
 
-    def __init__(self, run: TrainingRun) -> None:
+    def __init__(self, run: RunParts) -> None:
         super().__init__(run)
         self.oracle = oracle_agent(self.config, run.tokenizer)  # the demonstrations' oracle
         self.max_context = run_setup.context_limit(self.config, run.policy)
@@ -237,11 +237,10 @@ class ExpertTrainer(Trainer):
         """The sampled episodes (expanded with ``--grounded-expansion``) and their groups' expert members."""
         self._expansion = {"expansion_groups": 0.0, "expansion_replaced": 0.0, "expansion_gain": 0.0}
         if self.config.grounded_expansion:
-            seconds, tokens = self.run.sampler.seconds, self.run.sampler.tokens
             start = time.perf_counter()
-            trajectories, self._expansion = self.expand(trajectories)
+            with self.run.sampler.uncounted():  # time/generation stays the rollouts'
+                trajectories, self._expansion = self.expand(trajectories)
             metrics["time/expansion"] = time.perf_counter() - start
-            self.run.sampler.seconds, self.run.sampler.tokens = seconds, tokens  # time/generation stays the rollouts'
         start = time.perf_counter()
         experts, self._played = self.expert_episodes(trajectories)
         metrics["time/experts"] = time.perf_counter() - start

@@ -35,7 +35,7 @@ from algos.config import QUERY_REWRITE_ENV, Config
 from algos.losses import kl_per_token
 from algos.objectives.policy_losses import LossScale
 from algos.run.launch import main as train
-from algos.run.training_run import TrainingRun
+from algos.run.learner import RunParts
 from algos.setting_checks import at_least, check_rules, positive, within
 from algos.trainer import Trainer
 from algos.value import ValueHead, logprobs_and_values, value_loss
@@ -126,7 +126,7 @@ class PPOTrainer(Trainer):
         explained = metrics.get("critic/explained_variance", float("nan"))
         return {**super().progress_fields(metrics), "ev": f"{explained:.3f}"}
 
-    def __init__(self, run: TrainingRun) -> None:
+    def __init__(self, run: RunParts) -> None:
         super().__init__(run)
         policy = run.policy
         if not (hasattr(policy, "get_decoder") and hasattr(policy, "get_output_embeddings")):

@@ -21,7 +21,7 @@ from agents.collate import collate_sft
 from algos import distributed
 from algos.batch import micro_batches
 from algos.losses import sft_loss
-from algos.run.training_run import sync
+from algos.run.learner import sync
 from algos.sft_data import sample_indices
 from algos.step_metrics import sft_step_metrics
 

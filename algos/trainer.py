@@ -40,8 +40,7 @@ from algos.losses import entropy_estimate, kl_penalty, total_loss
 from algos.objectives.advantages import Advantages, StepInput
 from algos.objectives.policy_losses import LossScale, pg_terms
 from algos.objectives.registry import aggregation, estimator, policy_loss_spec
-from algos.run.learner import Learner
-from algos.run.training_run import TrainingRun, sync
+from algos.run.learner import Learner, RunParts, sync
 from algos.search_credit import token_advantages
 from algos.sft_term import SFTTerm
 from algos.step_metrics import Rollouts, rewards_tied, step_metrics
@@ -89,9 +88,9 @@ class Trainer(SFTTerm, Learner):
         run: The run that holds this learner (built up to its demonstrations; the optimizer comes after).
     """
 
-    run: TrainingRun
+    run: RunParts
 
-    def __init__(self, run: TrainingRun) -> None:
+    def __init__(self, run: RunParts) -> None:
         super().__init__(run)
         self.last_step_tied = False
         """Whether every group of the last step had equal rewards (the next step then collects a probe batch)."""
@@ -107,7 +106,7 @@ class Trainer(SFTTerm, Learner):
 
         # rollouts: generation (sampler) vs everything else (env, retrieval, agent bookkeeping)
         self.run.policy.eval()
-        self.run.sampler.seconds, self.run.sampler.tokens = 0.0, 0
+        self.run.sampler.reset()
         probe = cfg.rl.tie_probe_questions if self.last_step_tied else None
         if probe is not None:  # data parallel: at least one question per rank
             probe = min(max(probe, self.run.world.size), cfg.rl.questions_per_step)

@@ -19,9 +19,10 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from algos.config import VALIDATE_ON_INIT, AlgoName, Config, PresetName, default_preset, preset_config
+from algos.config import VALIDATE_ON_INIT, Config, default_preset, preset_config
 from algos.presets import PRESETS
 from algos.registry import UnknownAlgorithm, algorithm, entry_command
+from algos.settings import AlgoName, PresetName
 
 __all__ = ["load_config_file", "parse_config"]
 

@@ -10,11 +10,48 @@ learner, which the others build on, is `algos.trainer.Trainer`.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Learner"]
+__all__ = ["Learner", "RunParts", "sync"]
+
+
+def sync() -> None:
+    """Wait for the GPU, so a timer around GPU work measures it (nothing to do on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class RunParts(Protocol):
+    """The parts of a run a learner may use (`algos.run.training_run.TrainingRun` has them); no learner imports the
+    run itself. The sampler's counters are the run's: a learner starts them (``sampler.reset()``) or leaves a block
+    out of them (``sampler.uncounted()``), never writes them."""
+
+    config: Any
+    policy: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    sampler: Any  # timed: .seconds, .tokens, .reset(), .uncounted()
+    collector: Any  # agents.collector: .collect(n), .envs
+    agent: Any
+    tokenizer: Any
+    demos: Sequence[Any]
+    optimizer: torch.optim.Optimizer
+    trainable: Sequence[torch.nn.Parameter]
+    weighting: Any  # algos.weighting.SFTWeighting
+    device: torch.device
+    world: Any  # algos.distributed.World
+    fsdp: bool
+    masked_head: bool
+    pad_id: int
+    step: int
+
+    def finish_update(self, push: bool = True) -> float | None: ...
+    def sync_gradients(self) -> None: ...
+    def matched_passes(self, passes: int) -> contextlib.AbstractContextManager: ...
+    def full_weights(self) -> contextlib.AbstractContextManager: ...
 
 
 class Learner:
@@ -24,10 +61,10 @@ class Learner:
     its own modules join it: `param_groups`).
 
     Args:
-        run: The `algos.run.training_run.TrainingRun` that holds this learner; its parts are the learner's to use.
+        run: The run that holds this learner (`RunParts`: what of it a learner may use).
     """
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: RunParts) -> None:
         self.run = run
         self.config = run.config
 

@@ -49,7 +49,7 @@ from algos.run import outputs
 from algos.run import setup as run_setup
 from algos.run.checkpointing import RunCheckpoints, changed_settings
 from algos.run.finish import RunFinish, print_summary
-from algos.run.learner import Learner
+from algos.run.learner import Learner, sync
 from algos.sft_data import load_demonstrations
 from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from envs.data import DataError
@@ -79,12 +79,6 @@ def make_weighting(config: Config) -> SFTWeighting:
     )
 
 
-def sync() -> None:
-    """Wait for the GPU, so a timer around GPU work measures it (nothing to do on a CPU)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 class TimedSampler(SamplerWrapper):
     """Wraps a sampler to time its `generate` calls, so a rollout's time splits into generation and the rest."""
 
@@ -101,6 +95,19 @@ class TimedSampler(SamplerWrapper):
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(c.token_ids) for c in completions)
         return completions
+
+    def reset(self) -> None:
+        """Start the step's count of generation seconds and sampled tokens."""
+        self.seconds, self.tokens = 0.0, 0
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Leave the block's generations out of the step's counts (an expert learner's resampling)."""
+        seconds, tokens = self.seconds, self.tokens
+        try:
+            yield
+        finally:
+            self.seconds, self.tokens = seconds, tokens
 
 
 class TrainingRun(RunCheckpoints, RunFinish):
