@@ -18,13 +18,14 @@ from typing import Any, NoReturn
 from agents.evaluation import EvaluationFailed
 from algos import distributed
 from algos.checkpoints.store import CheckpointWriteError, find_latest
-from algos.config import AlgoName, Config
+from algos.config import Config
 from algos.registry import algorithm
 from algos.run import control as run_control
 from algos.run.cli import parse_config
 from algos.run.logs import quiet_http_logs
 from algos.run.memory import DoesNotFit
 from algos.run.training_run import TrainingRun, TrainingStopped
+from algos.settings import AlgoName
 from envs.data import DataError
 from retrievers.corpus import CorpusError
 
