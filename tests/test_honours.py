@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from algos.config import preset_config
-from algos.objectives.honours import BY_LEARNERS, honoured
+from algos.objectives.honours import BY_LEARNERS, CONDITIONS, honoured
 from algos.registry import algorithm
 from algos.run.training_run import TrainingRun
 from algos.settings import SECTIONS
@@ -131,6 +131,24 @@ def test_every_setting_is_refused_in_one_line_or_declared_honoured(algo, name):
         return
     parts = honoured(config)
     assert set(example) <= set(parts), f"{algo} accepted {example} but honours {sorted(set(example) - set(parts))}"
+
+
+VIOLATIONS: dict[str, dict[str, object]] = {
+    "repeat_penalty": {"repeat_penalty": 0.2},
+    "tree_roots": {"tree_roots": 1},
+    "tree_branches": {"tree_branches": 2},
+    "tree_branch_turns": {"tree_branch_turns": (1,)},
+    "kl_estimator": {"kl_estimator": "k2"},
+    "skip_zero_advantage": {"skip_zero_advantage": False, "kl_coef": 0.1},
+}
+"""Each setting honoured only beside another, set without it."""
+
+
+@pytest.mark.parametrize("name", sorted(CONDITIONS))
+def test_a_setting_without_what_it_needs_is_refused(name):
+    with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} .* is not honoured by grpo"):
+        preset_config("tiny", algo="grpo", **VIOLATIONS[name])
+    assert preset_config("tiny", algo="grpo", **EXAMPLES[name])  # with it: honoured
 
 
 @pytest.fixture(scope="module")
