@@ -120,6 +120,6 @@ class Trajectory:
     """For each search that returned results while the episode went on: how many actions it had taken through it
     (the points where a branch may start)."""
     searches: tuple[SearchTurn, ...] = ()
-    """Every search that returned results, in order (what per-search credit reads, `algos.search_credit`)."""
+    """Every search that returned results, in order (what per-search credit reads, `algos.objectives.credit`)."""
     tree_id: int | None = None
     """Episodes of one tree (`agents.tree`: a root episode and its branches) share it; None: played independently."""

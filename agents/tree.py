@@ -15,7 +15,8 @@ fresh episode instead, so every group holds ``group_size`` episodes whatever the
 The shared turns are replayed, never sampled again, and the sampler is told to keep what it holds of the finished
 episodes' contexts until the last round (`ContextAgent.rollout`'s ``keep_contexts``): a branch's first sampled turn
 then prefills only the tokens after what its parent's context had, where the sampler reuses kept prefixes (the
-transformers sampler's `PrefixStore`; vLLM's prefix cache). Advantages follow in `algos.losses.tree_advantages`.
+transformers sampler's `PrefixStore`; vLLM's prefix cache). Advantages follow in
+`algos.objectives.losses.tree_advantages`.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class ArCHerTrainer(Trainer):
            refreshed: targ <- tau * critic + (1 - tau) * targ (``target_tau`` 1.0 = a hard copy, < 1 = Polyak)
         5. per turn of this batch: A(s_k, a_k) = min(Q1, Q2)(s_k, a_k) - V(s_k), whitened over the batch's turns,
            broadcast to every token the model sampled in the turn
-        6. the token-level update: the clipped policy-gradient loss of `algos.losses.policy_loss` with those
+        6. the token-level update: the clipped policy-gradient loss of `algos.objectives.losses.policy_loss` with those
            per-token advantages (REINFORCE with a turn-level baseline on the first epoch, where the ratio is 1),
            [+ KL to the frozen initial model], one AdamW step (``update_epochs`` of them)
 

@@ -6,7 +6,7 @@ under a token mean over the whole batch, shrinks the rest of the RL term. DAPO (
 groups with mixed rewards, sampling more questions until the batch is full; `Trainer.collect_rollouts` does so
 within ``--max-resample-batches`` extra batches, each of only as many questions as are missing, and counts what it
 cost (``train/episodes``, ``train/resample_batches``). A group tied on its reward still carries a signal when its
-searches earned different per-search credit (`algos.search_credit`).
+searches earned different per-search credit (`algos.objectives.credit`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from agents.records import Trajectory
 from algos import distributed
-from algos.search_credit import search_advantages
+from algos.objectives.credit import search_advantages
 
 __all__ = ["play", "signal_groups", "signal_rows"]
 

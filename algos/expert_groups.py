@@ -23,8 +23,8 @@ from tensordict import TensorDict
 from agents.records import Trajectory
 from algos import distributed
 from algos.config import Config
-from algos.losses import entropy_estimate
 from algos.objectives.advantages import Advantages
+from algos.objectives.losses import entropy_estimate
 from algos.objectives.policy_losses import LossScale
 from algos.objectives.registry import estimator
 from algos.off_policy import shaped_expert_loss

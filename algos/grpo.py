@@ -1,6 +1,6 @@
 """GRPO: group-relative policy optimisation of the search agent, no SFT term.
 
-    loss = loss_pg [+ kl_coef * loss_kl]         (rule: algos.weighting.NoSFT, w = 0)
+    loss = loss_pg [+ kl_coef * loss_kl]         (rule: algos.objectives.weighting.NoSFT, w = 0)
 
 Run (presets: gpu, the seed's defaults, picked when CUDA is available; cpu; tiny):
 

@@ -2,7 +2,7 @@
 
     adv = group_advantages(rewards of the G sampled episodes and the oracle's, group_id)
     loss = loss_pg (sampled tokens, clipped) + loss_expert (oracle tokens: -adv * pi / (pi + gamma), unclipped)
-           [+ loss_kl]                                          (rule: algos.weighting.NoSFT, no SFT term)
+           [+ loss_kl]                                          (rule: algos.objectives.weighting.NoSFT, no SFT term)
 
 After LUFFY (arXiv 2504.14945) and David-GRPO (arXiv 2601.21699); `algos.expert_groups.ExpertTrainer` states the
 step and its decisions, `algos.off_policy` the expert tokens' importance weight. Run (presets: gpu, the seed's

@@ -1,6 +1,6 @@
 """GRPO + fixed SFT: the GRPO loss plus a constant-weight SFT term on oracle demonstrations.
 
-    loss = loss_pg [+ loss_kl] + sft_coef * loss_sft     (rule: algos.weighting.FixedSFT, w = 1; sft_coef 0.1)
+    loss = loss_pg [+ loss_kl] + sft_coef * loss_sft     (rule: FixedSFT, w = 1; sft_coef 0.1)
 
 The demonstrations are `agents.oracle` episodes in the same env (built once and cached; see
 `algos.sft_data`). Run (presets: gpu, the seed's defaults, picked when CUDA is available; cpu; tiny):

@@ -17,9 +17,9 @@ from the one that sampled the tokens; the expert's ratio is not a ratio to a sam
 convention), and clipping it would silence exactly the tokens the policy is furthest from (LUFFY drops the clip for
 off-policy tokens too).
 
-The layout is `algos.losses`': ``(N, L)`` per-token tensors, a mask that is nonzero on the tokens the term sees, and
-``num_tokens`` the divisor (the whole batch's count of sampled tokens, on-policy and expert alike, so the sum of
-this term and `algos.losses.policy_loss` over the on-policy tokens is one token mean over the batch).
+The layout is `algos.objectives.losses`': ``(N, L)`` per-token tensors, a mask nonzero on the tokens the term sees,
+and ``num_tokens`` the divisor (the batch's sampled tokens, on-policy and expert alike: with the policy term over the
+on-policy tokens, one token mean over the batch).
 
     terms = policy_loss(logp, old_logp, adv, on_policy_mask, num_tokens=n)
     terms["loss_expert"] = shaped_expert_loss(logp, adv, expert_mask, gamma=0.1, num_tokens=n)["loss_expert"]
@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from algos.losses import masked_mean
+from algos.objectives.losses import masked_mean
 
 __all__ = ["shaped_expert_loss", "shaped_ratio"]
 
@@ -63,7 +63,7 @@ def shaped_expert_loss(
         mask: ``(N, L)``, nonzero on the expert tokens (everything else is selected away, never multiplied by 0,
             so padding's garbage log-probs cannot leak into the loss or its gradient).
         gamma: LUFFY's shaping constant (`shaped_ratio`).
-        num_tokens: Divisor instead of ``mask.sum()`` (see `algos.losses.masked_mean`).
+        num_tokens: Divisor instead of ``mask.sum()`` (see `algos.objectives.losses.masked_mean`).
 
     Returns:
         A TensorDict (batch size ``[]``) with ``loss_expert`` (differentiable scalar), and detached over the masked

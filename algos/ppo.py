@@ -32,7 +32,7 @@ from tensordict import TensorDict
 
 from algos import distributed
 from algos.config import QUERY_REWRITE_ENV, Config
-from algos.losses import kl_per_token
+from algos.objectives.losses import kl_per_token
 from algos.objectives.policy_losses import LossScale
 from algos.run.launch import main as train
 from algos.run.learner import RunParts
@@ -115,7 +115,8 @@ class PPOTrainer(Trainer):
       the next generation's first (`algos.value.episode_gae`). Env observations are not steps.
     - KL to the frozen initial model (``--kl-coef`` > 0) is a per-token reward penalty (InstructGPT, TRL), with
       ``--kl-estimator`` k1 (``old_logp - ref_logp``), k2 or k3 (``exp(ref - old) - (ref - old) - 1``) at the
-      sampled tokens: the GRPO family's ``loss_kl`` estimators (`algos.losses.kl_per_token`); not a loss term.
+      sampled tokens: the GRPO family's ``loss_kl`` estimators (`algos.objectives.losses.kl_per_token`); not a loss
+      term.
     - GRPO's groups are not needed (the value head is the baseline): the entry point defaults to group_size 1.
     - Data parallel (torchrun): each rank runs GAE on its own episodes (an episode never spans ranks) and the
       whitening's mean and std are the global batch's (one all-reduce of count, sum and sum of squares), so N ranks

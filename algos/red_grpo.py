@@ -1,10 +1,10 @@
 """GRPO + RED: the SFT term's weight follows the model's entropy dynamics and the batch accuracy.
 
-    loss = loss_pg [+ loss_kl] + w * sft_coef * loss_sft      (rule: algos.weighting.RED)
+    loss = loss_pg [+ loss_kl] + w * sft_coef * loss_sft      (rule: algos.objectives.weighting.RED)
     w = clip(entropy weight * accuracy factor, 1, G^2), G = 5, entropies tracked as EMAs (decay 0.99)
 
 RED-inspired: Recall-Extend Dynamics (arXiv 2508.16677) was proposed for math reasoning; here it weighs
-SFT on oracle search demonstrations (see `algos.weighting.RED` for the exact rule). Logged as
+SFT on oracle search demonstrations (see `algos.objectives.weighting.RED` for the exact rule). Logged as
 red/entropy_weight, red/accuracy_factor, red/final_weight, red/batch_accuracy. Run (presets: gpu, the
 seed's defaults, picked when CUDA is available; cpu; tiny):
 

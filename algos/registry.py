@@ -43,7 +43,8 @@ ENTRY_POINT_GROUP = "redcoda.algorithms"
 """The entry point group another package registers its algorithms under."""
 
 WEIGHTING_RULES = ("none", "fixed", "red")
-"""The SFT weighting rules an algorithm names: none (no SFT term), fixed (sft_coef), red (`algos.weighting.RED`)."""
+"""The SFT weighting rules an algorithm names: none (no SFT term), fixed (sft_coef), red
+(`algos.objectives.weighting.RED`)."""
 
 Ref = str | Any
 """An object, or where to import it from as ``"module:attribute"``."""
@@ -64,7 +65,8 @@ class Algorithm:
             itself (`algos.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
         label: How the model card and reports name it ("GRPO + RED ...").
         sft_weighting: The weight of the SFT term on oracle demonstrations each step: "none", "fixed" (sft_coef),
-            "red" (`algos.weighting.RED`), or a function of the `Config` that builds an `algos.weighting.SFTWeighting`.
+            "red" (`algos.objectives.weighting.RED`), or a function of the `Config` that builds an
+            `algos.objectives.weighting.SFTWeighting`.
         config: The settings class its command line parses: `algos.config.Config` or a subclass with settings of
             its own (read as ``config.gamma``), or ``"module:Class"``.
         defaults: Its settings over every preset's, by flat name (``{"group_size": 1}``), or ``"module:NAME"``.

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from algos import distributed
 from algos.batch import masked_token_logprobs, micro_batches, token_logprobs, token_logprobs_and_entropy
-from algos.losses import sampler_mismatch, tis_weights
+from algos.objectives.losses import sampler_mismatch, tis_weights
 
 __all__ = ["logprobs", "score_pass", "score_rows", "take_old_logp"]
 

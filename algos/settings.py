@@ -273,7 +273,8 @@ class RLSettings:
     a query, or to one more search of a gold title the question or those results name, and yes/no questions: the
     difficulty table of `algos.difficulty`, made once per env settings); the demonstrations are unchanged."""
     search_credit: float = 0.0
-    """Per-search credit (`algos.search_credit`): weight of each search turn's own advantage (the share of gold titles
+    """Per-search credit (`algos.objectives.credit`): weight of each search turn's own advantage (the share of gold
+    titles
     it brought first, minus repeat_penalty for a repeated query, centred among its group's searches at the same
     position), added on that turn's tokens only; 0: off."""
     repeat_penalty: float = 0.5

@@ -3,7 +3,8 @@ cross-entropy, and the SFT-only step of ``python -m algos.sft`` (the warm start)
 
 The minibatch is a function of the seed and the step only (`sft_indices`), so a resumed run and every data-parallel
 rank draw the same one; each rank backs its share. `_sft_backward` also measures the demonstrations' predictive
-entropy, which RED's rule reads (`algos.weighting`). `algos.trainer.Trainer` holds it; the names it uses of its
+entropy, which RED's rule reads (`algos.objectives.weighting`). `algos.trainer.Trainer` holds it; the names it uses of
+its
 learner are the `algos.run.learner.Learner` seam's (``run``, ``config``) and the learner's forward passes
 (``autocast``, ``_rows``, ``_logprobs``).
 """
@@ -20,7 +21,7 @@ from tensordict import TensorDict
 from agents.collate import collate_sft
 from algos import distributed
 from algos.batch import micro_batches
-from algos.losses import sft_loss
+from algos.objectives.losses import sft_loss
 from algos.run.learner import sync
 from algos.sft_data import sample_indices
 from algos.step_metrics import sft_step_metrics

@@ -1,6 +1,6 @@
 """The training step shared by GRPO, GRPO + fixed SFT and GRPO + RED.
 
-The three algorithms differ only in the SFT weighting rule (`algos.weighting`: NoSFT, FixedSFT, RED); one step:
+The three differ only in the SFT weighting rule (`algos.objectives.weighting`: NoSFT, FixedSFT, RED); one step:
 
     trajectories = collector.collect()                          # records: G episodes for each of B questions
     batch = collate_trajectories(trajectories)                  # (N, T) contexts, (N, T-1) token tensors, once
@@ -36,12 +36,12 @@ from agents.records import Trajectory
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
 from algos.dynamic_sampling import play, signal_rows
-from algos.losses import entropy_estimate, kl_penalty, total_loss
 from algos.objectives.advantages import Advantages, StepInput
+from algos.objectives.credit import token_advantages
+from algos.objectives.losses import entropy_estimate, kl_penalty, total_loss
 from algos.objectives.policy_losses import LossScale, pg_terms
 from algos.objectives.registry import aggregation, estimator, policy_loss_spec
 from algos.run.learner import Learner, RunParts, sync
-from algos.search_credit import token_advantages
 from algos.sft_term import SFTTerm
 from algos.step_metrics import Rollouts, rewards_tied, step_metrics
 from algos.term_norms import term_norms
@@ -57,7 +57,7 @@ class Trainer(SFTTerm, Learner):
     - Advantages come from the registered estimator (``--advantage``, `algos.objectives`; GRPO's group-normalised
       episode rewards by default), an episode's broadcast to every generation of it (a CoDA episode's planner and
       executor contexts alike, as CoDA's PECO); ``search_credit`` adds each search turn's own credit on that turn's
-      tokens (`algos.search_credit`), ``max_resample_batches`` replaces tied groups before the update
+      tokens (`algos.objectives.credit`), ``max_resample_batches`` replaces tied groups before the update
       (`algos.dynamic_sampling.play`); the policy loss and its aggregation are registered too (``--policy-loss``,
       ``--loss-agg``, docs/method.md).
     - loss_pg is the clipped token-level objective over every sampled token of the batch, normalized by the
@@ -69,7 +69,7 @@ class Trainer(SFTTerm, Learner):
     - Old log-probs are the sampler's (the sampler shares the training model, so they are the current policy's up
       to numerics); ``old_logp=recompute`` (default under bf16 and with vLLM) scores them with the training model
       instead, logs how far the sampler's were (``mismatch/*``) and, with ``tis_cap``, weighs each token's
-      policy-gradient term by its truncated importance weight (`algos.losses.tis_weights`).
+      policy-gradient term by its truncated importance weight (`algos.objectives.losses.tis_weights`).
     - The SFT minibatch (``sft_batch_size`` demonstrations, drawn by (seed, step): `sft_minibatch`) runs through
       one forward pass that gives its loss and the predictive entropy RED needs, measured on the weights before the
       update and handed to the rule after it.
@@ -235,7 +235,7 @@ class Trainer(SFTTerm, Learner):
         adv = estimator(cfg.advantage).function()(step)
         if adv.per_token:  # (N, T-1)
             batch["adv"] = adv.values
-        elif cfg.rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`algos.search_credit`)
+        elif cfg.rl.search_credit > 0:  # (N, T-1): each search turn's own credit on its tokens (`objectives.credit`)
             batch["adv"] = token_advantages(episodes, adv.values, batch, cfg.rl.search_credit, cfg.rl.repeat_penalty)
         else:
             batch["adv"] = adv.values[batch["episode_id"]]  # (N,): every context of an episode gets the episode's
@@ -315,7 +315,7 @@ class Trainer(SFTTerm, Learner):
             part: The micro-batch, on the model's device; the reference scores its tokens (no grad).
             logp: The policy's log-probs of its tokens ``(n, L-1)``, differentiable.
             mask: ``(n, L-1)``, the tokens the term sees (sampled from the policy: the estimators assume it).
-            num_tokens: The token-mean divisor (`algos.losses.masked_mean`).
+            num_tokens: The token-mean divisor (`algos.objectives.losses.masked_mean`).
         """
         if self.run.ref_model is None:
             return None

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from algos.batch import hidden_logprobs, scored_hidden
-from algos.losses import masked_mean
+from algos.objectives.losses import masked_mean
 
 __all__ = [
     "TurnCritic",
@@ -107,7 +107,7 @@ def value_loss(
         returns: ``(N, L)`` targets (GAE returns).
         mask: ``(N, L)``, nonzero on the tokens the loss sees.
         clip: Bound on ``|V - V_old|`` in the clipped branch; None: the plain squared error.
-        num_tokens: Divisor instead of ``mask.sum()`` (see `algos.losses.masked_mean`).
+        num_tokens: Divisor instead of ``mask.sum()`` (see `algos.objectives.losses.masked_mean`).
 
     Returns:
         ``(loss, clip_fraction)``: the differentiable scalar, and the detached share of masked tokens whose

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from agents.collate import collate_sft, collate_trajectories
 from agents.records import ROLES, Generation, Trajectory
 from algos.batch import answer_accuracy, masked_token_logprobs, token_logprobs, token_logprobs_and_entropy
-from algos.losses import group_advantages, masked_mean, policy_loss
+from algos.objectives.losses import group_advantages, masked_mean, policy_loss
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 
 from algos.config import preset_config
 from algos.expert_groups import EXPERT_METRICS, ExpertConfig
-from algos.losses import group_advantages, policy_loss
+from algos.objectives.losses import group_advantages, policy_loss
 from algos.objectives.policy_losses import LossScale
 from algos.off_policy import shaped_expert_loss, shaped_ratio
 from algos.run.training_run import TrainingRun

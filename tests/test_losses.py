@@ -1,4 +1,4 @@
-"""Unit tests of the GRPO loss terms in algos/losses.py."""
+"""Unit tests of the GRPO loss terms in algos/objectives/losses.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algos.losses import (
+from algos.objectives.losses import (
     entropy_estimate,
     group_advantages,
     kl_penalty,

@@ -15,7 +15,7 @@ import torch
 from agents.collate import collate_trajectories
 from algos.batch import micro_batches
 from algos.config import preset_config
-from algos.losses import sft_loss, total_loss
+from algos.objectives.losses import sft_loss, total_loss
 from algos.objectives.policy_losses import LossScale
 from algos.run.training_run import TrainingRun
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from algos.config import Config, preset_config
+from algos.objectives.weighting import RED, FixedSFT, NoSFT
 from algos.presets import PRESETS
 from algos.registry import Algorithm, UnknownAlgorithm, algorithm, algorithm_names, register_algorithm
 from algos.run.cli import parse_config
 from algos.run.training_run import make_weighting
-from algos.weighting import RED, FixedSFT, NoSFT
 
 ROOT = Path(__file__).resolve().parents[1]
 

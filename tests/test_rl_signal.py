@@ -13,9 +13,9 @@ from agents.collate import collate_trajectories
 from agents.records import Generation, SearchTurn, Trajectory
 from algos.config import preset_config
 from algos.dynamic_sampling import signal_groups, signal_rows
-from algos.losses import kl_per_token
+from algos.objectives.credit import search_advantages, search_rewards, token_advantages
+from algos.objectives.losses import kl_per_token
 from algos.run.training_run import TrainingRun
-from algos.search_credit import search_advantages, search_rewards, token_advantages
 
 
 def _generation(sampled: list[tuple[int, int]], length: int, role: str = "executor") -> Generation:

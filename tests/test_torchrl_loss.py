@@ -1,4 +1,5 @@
-"""TorchRL's own ``GRPOLoss`` on our RL batch (a tiny model's real rollout) against our loss (`algos.losses`).
+"""TorchRL's own ``GRPOLoss`` on our RL batch (a tiny model's real rollout) against our loss
+(`algos.objectives.losses`).
 
 A run's batch takes TorchRL's LLM keys beside ours (`agents.torchrl_layout.add_torchrl_keys`), so TorchRL's
 ``GRPOLoss`` (``masking_strategy="rlhf"``, actor a ``TransformersWrapper`` around the policy in
@@ -32,7 +33,7 @@ import torch
 from agents.torchrl_layout import add_torchrl_keys
 from algos.batch import token_logprobs, trim_rows
 from algos.config import preset_config
-from algos.losses import group_advantages, kl_penalty, policy_loss
+from algos.objectives.losses import group_advantages, kl_penalty, policy_loss
 from algos.run.training_run import TrainingRun
 
 pytest.importorskip("torchrl.objectives.llm")

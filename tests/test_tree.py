@@ -1,5 +1,6 @@
 """Tree rollouts (`agents.tree`, ``--rollout tree``): branches replay their shared turns and sample the rest, the
-sampler reuses what the parents' contexts left, and advantages are Tree-GRPO's (`algos.losses.tree_advantages`).
+sampler reuses what the parents' contexts left, and advantages are Tree-GRPO's
+(`algos.objectives.losses.tree_advantages`).
 
 The episodes run in the real env on the real BM25 index with a tiny random model; `SearchFirst` appends a search call
 to each context's first turn, so every episode searches once and can branch there.
@@ -18,7 +19,7 @@ from agents.samplers import HFSampler
 from agents.search_agents import SearchR1Agent
 from agents.tree import TreeShape, branch_points, play_trees
 from algos.config import preset_config
-from algos.losses import group_advantages, tree_advantages
+from algos.objectives.losses import group_advantages, tree_advantages
 from algos.run.cli import parse_config
 
 PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0)

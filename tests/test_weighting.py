@@ -1,4 +1,4 @@
-"""Tests of the SFT weighting rules in algos/weighting.py, RED against its formula by hand."""
+"""Tests of the SFT weighting rules in algos/objectives/weighting.py, RED against its formula by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
+from algos.objectives.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 
 
 def test_every_rule_has_the_interface():

@@ -10,7 +10,7 @@
 
 A group whose rewards are all equal (or that holds one episode) gets advantage 0 exactly under group, dr_grpo,
 rloo and tree. Episode advantages (``per="episode"``, ``(B,)``) are broadcast to every context of the episode, and
-per-search credit (`algos.search_credit`) may add to them; token advantages are ``(N, T-1)`` in the collated layout
+per-search credit (`algos.objectives.credit`) may add to them; token advantages are ``(N, T-1)`` in the collated layout
 (column t scores token t+1). How to add one: `algos.objectives.registry`.
 """
 
@@ -26,7 +26,7 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from agents.records import Trajectory
-from algos.losses import group_advantages, tree_advantages
+from algos.objectives.losses import group_advantages, tree_advantages
 
 __all__ = [
     "Advantages",
@@ -108,7 +108,7 @@ def _episode(adv: Tensor) -> Advantages:
 
 
 def group(step: StepInput) -> Advantages:
-    """GRPO's group-normalised advantage (`algos.losses.group_advantages`); ``advantage_std_scale`` False centres."""
+    """GRPO's group-normalised advantage (`losses.group_advantages`); ``advantage_std_scale`` False centres."""
     return _episode(group_advantages(step.rewards, step.group_id, scale=step.config.rl.advantage_std_scale))
 
 
@@ -118,7 +118,7 @@ def dr_grpo(step: StepInput) -> Advantages:
 
 
 def tree(step: StepInput) -> Advantages:
-    """Tree-GRPO: within the tree plus within the group (`algos.losses.tree_advantages`); without trees, group."""
+    """Tree-GRPO: within the tree plus within the group (`losses.tree_advantages`); without trees, group."""
     scale = step.config.rl.advantage_std_scale
     if step.tree_id is None:
         return _episode(group_advantages(step.rewards, step.group_id, scale=scale))

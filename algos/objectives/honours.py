@@ -52,7 +52,7 @@ ROLLOUT_SETTINGS = frozenset(
 """What every learner that plays rollouts honours through the shared step (`algos.trainer.Trainer`)."""
 
 CREDIT_SETTINGS = frozenset({"search_credit", "repeat_penalty"})
-"""Per-search credit (`algos.search_credit`): it adds to episode advantages, so only such estimators take it."""
+"""Per-search credit (`algos.objectives.credit`): it adds to episode advantages, so only such estimators take it."""
 
 _DEMOS = frozenset(
     {

@@ -28,7 +28,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from algos.losses import clipped_objective, masked_mean
+from algos.objectives.losses import clipped_objective, masked_mean
 from algos.objectives.registry import Aggregation, PolicyLoss
 
 __all__ = [
@@ -61,7 +61,7 @@ class LossScale:
 
 # --- losses: (logp, old_logp, adv, mask, rl) -> per-token values (n, L) and micro-batch metrics ---------------------
 def clipped_ratio(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, rl: Any) -> tuple[Tensor, dict]:
-    """The clipped token ratio (`algos.losses.clipped_objective`), ``clip_eps`` below, ``clip_eps_high`` above."""
+    """The clipped token ratio (`losses.clipped_objective`), ``clip_eps`` below, ``clip_eps_high`` above."""
     per_token, clip_fraction, approx_kl = clipped_objective(logp, old_logp, adv, mask, rl.clip_eps, rl.clip_eps_high)
     return per_token, {"clip_fraction": clip_fraction, "approx_kl": approx_kl}
 

@@ -40,7 +40,7 @@ class RunParts(Protocol):
     demos: Sequence[Any]
     optimizer: torch.optim.Optimizer
     trainable: Sequence[torch.nn.Parameter]
-    weighting: Any  # algos.weighting.SFTWeighting
+    weighting: Any  # algos.objectives.weighting.SFTWeighting
     device: torch.device
     world: Any  # algos.distributed.World
     fsdp: bool

@@ -43,6 +43,7 @@ from algos import distributed
 from algos.batch import masked_head_matches
 from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state, writing
 from algos.config import Config
+from algos.objectives.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from algos.registry import algorithm, entry_command
 from algos.run import control as run_control
 from algos.run import outputs
@@ -51,7 +52,6 @@ from algos.run.checkpointing import RunCheckpoints, changed_settings
 from algos.run.finish import RunFinish, print_summary
 from algos.run.learner import Learner, sync
 from algos.sft_data import load_demonstrations
-from algos.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from envs.data import DataError
 
 logger = logging.getLogger(__name__)

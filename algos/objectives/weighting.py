@@ -4,7 +4,7 @@ The three trainers share one loop (`algos.trainer`, whose docstring states the s
 the loop asks `SFTWeighting.weight` before the update, hands the SFT batch's entropy to `observe_sft_entropy` after
 it, and logs `metrics`.
 
-``rl_entropy`` is the RL batch entropy estimate (`algos.losses.entropy_estimate`), ``batch_accuracy``
+``rl_entropy`` is the RL batch entropy estimate (`algos.objectives.losses.entropy_estimate`), ``batch_accuracy``
 the share of rollouts whose answer has F1 > 0 (`algos.batch.answer_accuracy`), ``h_sft`` the mean
 predictive entropy of the model on the SFT batch's assistant tokens (`token_logprobs_and_entropy`
 then `masked_mean`). Every rule reports ``sft/weight``, so runs of different rules share a plot.

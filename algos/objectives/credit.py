@@ -71,7 +71,7 @@ def token_advantages(
 
     Args:
         trajectories: The batch's episodes, in the order `agents.collate.collate_trajectories` laid out their rows.
-        episode_adv: ``(B,)`` episode advantages (`algos.losses.group_advantages`).
+        episode_adv: ``(B,)`` episode advantages (`algos.objectives.losses.group_advantages`).
         batch: Their collated batch (its ``episode_id`` and shifted ``loss_mask``).
         search_credit: Weight of the search term.
         repeat_penalty: Subtracted from a repeated query's reward.
