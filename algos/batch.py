@@ -198,7 +198,7 @@ def hidden_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the tokens `mask` scores, from their hidden states: the LM head at those positions only.
 
-    Shared by `masked_token_logprobs` and `algos.value.logprobs_and_values` (which also runs its value head on
+    Shared by `masked_token_logprobs` and `algos.learners.value.logprobs_and_values` (which also runs its value head on
     the same hidden states).
 
     Args:

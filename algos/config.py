@@ -71,7 +71,7 @@ class Config:
     """Settings of one training run of any registered algorithm (`algos.registry`), in sections.
 
     The sections' flags carry no prefix (``--top-k``, not ``--env.top-k``): each section is a group of ``--help``.
-    A learner's settings class extends this one with fields of its own (`algos.ppo.PPOConfig`), read as
+    A learner's settings class extends this one with fields of its own (`algos.learners.ppo.PPOConfig`), read as
     ``config.gamma`` and listed in ``--help``'s first group.
     """
 
@@ -334,7 +334,7 @@ def preset_config(preset: PresetName, config_cls: type[Config] = Config, **overr
 
     Args:
         preset: gpu, cpu or tiny.
-        config_cls: `Config`, or a learner's settings class that extends it (`algos.ppo.PPOConfig`, ...).
+        config_cls: `Config`, or a learner's settings class that extends it (`algos.learners.ppo.PPOConfig`, ...).
         **overrides: settings, by flat name (`Config.with_values`), that replace the preset's.
 
     Returns:

@@ -1,6 +1,6 @@
 """Checks of a training step's episodes before the update: a step whose searches or generations failed too often
 stops the run (`algos.run.training_run.TrainingStopped`) instead of training on episodes that say "Search failed"
-or hold empty turns. The GRPO learner's `collect_rollouts` (`algos.trainer.Trainer`) calls both with the run's
+or hold empty turns. The GRPO learner's `collect_rollouts` (`algos.learners.trainer.Trainer`) calls both with the run's
 settings.
 """
 

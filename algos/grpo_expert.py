@@ -4,8 +4,8 @@
     loss = loss_pg (sampled tokens, clipped) + loss_expert (oracle tokens: -adv * pi / (pi + gamma), unclipped)
            [+ loss_kl]                                          (rule: algos.objectives.weighting.NoSFT, no SFT term)
 
-After LUFFY (arXiv 2504.14945) and David-GRPO (arXiv 2601.21699); `algos.expert_groups.ExpertTrainer` states the
-step and its decisions, `algos.off_policy` the expert tokens' importance weight. Run (presets: gpu, the seed's
+After LUFFY (arXiv 2504.14945) and David-GRPO (arXiv 2601.21699); `algos.learners.expert.ExpertTrainer` states the
+step and its decisions, `algos.learners.off_policy` the expert tokens' importance weight. Run (presets: gpu, the seed's
 defaults, picked when CUDA is available; cpu; tiny):
 
     python -m algos.grpo_expert

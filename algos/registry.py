@@ -62,7 +62,7 @@ class Algorithm:
         name: Its name on the command line (``--algo``), in run names and in `benchmarks.compare` (a word of
             lowercase letters, digits and underscores).
         learner: The class that trains it: an `algos.run.learner.Learner` subclass, built by the run from the run
-            itself (`algos.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
+            itself (`algos.learners.trainer.Trainer` for the GRPO family), or ``"module:Class"``.
         label: How the model card and reports name it ("GRPO + RED ...").
         sft_weighting: The weight of the SFT term on oracle demonstrations each step: "none", "fixed" (sft_coef),
             "red" (`algos.objectives.weighting.RED`), or a function of the `Config` that builds an
@@ -230,7 +230,7 @@ def resolve(ref: Ref, what: str) -> Any:
 
 
 # --- the built-in algorithms --------------------------------------------------------------------------------------
-_TRAINER = "algos.trainer:Trainer"
+_TRAINER = "algos.learners.trainer:Trainer"
 
 for _builtin in (
     Algorithm("grpo", _TRAINER, "GRPO", module="algos.grpo"),
@@ -244,9 +244,9 @@ for _builtin in (
     ),
     Algorithm(
         "grpo_expert",
-        "algos.expert_groups:ExpertTrainer",
+        "algos.learners.expert:ExpertTrainer",
         "GRPO with oracle episodes inside its groups",
-        config="algos.expert_groups:ExpertConfig",
+        config="algos.learners.expert:ExpertConfig",
         honours=frozenset({"quote_words", "follow_bridge", "min_searches", "results_queries", "restate_question"}),
         refuses={
             "search_credit": "an expert's group shares the episode's advantage over all its tokens",
@@ -265,22 +265,22 @@ for _builtin in (
     ),
     Algorithm(
         "ppo",
-        "algos.ppo:PPOTrainer",
+        "algos.learners.ppo:PPOTrainer",
         "PPO",
-        config="algos.ppo:PPOConfig",
-        defaults="algos.ppo:PPO_DEFAULTS",
-        preset_defaults="algos.ppo:PPO_PRESETS",
+        config="algos.learners.ppo:PPOConfig",
+        defaults="algos.learners.ppo:PPO_DEFAULTS",
+        preset_defaults="algos.learners.ppo:PPO_PRESETS",
         advantage="gae",
         advantage_inputs="values",
         module="algos.ppo",
     ),
     Algorithm(
         "archer",
-        "algos.archer:ArCHerTrainer",
+        "algos.learners.archer:ArCHerTrainer",
         "ArCHer",
-        config="algos.archer:ArCHerConfig",
-        defaults="algos.archer:ARCHER_DEFAULTS",
-        preset_defaults="algos.archer:ARCHER_PRESETS",
+        config="algos.learners.archer:ArCHerConfig",
+        defaults="algos.learners.archer:ARCHER_DEFAULTS",
+        preset_defaults="algos.learners.archer:ARCHER_PRESETS",
         advantage="q_minus_v",
         advantage_inputs="turn_values",
         single_process="its critic and replay buffer would train on each rank's turns alone and drift apart",

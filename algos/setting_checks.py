@@ -1,7 +1,7 @@
 """Checks of a run's settings: the rule table's test functions and the checks every settings class runs.
 
 `algos.config.Config.validate` runs `check_finite`, then `check_rules` over its rule table (field, test, the rule
-in words); a learner's settings class (`algos.ppo.PPOConfig`, ...) runs its own table the same way.
+in words); a learner's settings class (`algos.learners.ppo.PPOConfig`, ...) runs its own table the same way.
 """
 
 from __future__ import annotations

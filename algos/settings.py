@@ -344,7 +344,7 @@ class RunSettings:
     """Named set of defaults (gpu, cpu, tiny); read before the other flags, which override it."""
     algo: tyro.conf.Suppress[AlgoName] = "red_grpo"
     """Fixed by the entry point (or ``python -m algos.train --algo NAME``), a name in `algos.registry`: grpo (no SFT),
-    grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes inside the groups, algos.expert_groups), sft
+    grpo_sft (fixed SFT), red_grpo (RED), grpo_expert (oracle episodes inside the groups, algos.learners.expert), sft
     (SFT only: a warm start), ppo (value head + GAE, algos.ppo), archer (utterance-level critic, algos.archer)."""
     seed: int = 0
     """Seeds the data order, sampling, SFT minibatches and model initialisation."""

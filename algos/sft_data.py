@@ -345,7 +345,7 @@ def sample_indices(
 
 def oracle_agent(config: Any, tokenizer: Any) -> Any:
     """The oracle that plays the run's demonstrations, with the run's settings (the SFT data and the expert group
-    members of `algos.expert_groups` both come from it)."""
+    members of `algos.learners.expert` both come from it)."""
     from agents.oracle import OracleAgent
 
     return OracleAgent(

@@ -1,7 +1,7 @@
 """What one training step produced and how it is logged: the step's episodes and batch (`Rollouts`), and the
-metrics row the `algos.trainer.Trainer` learner returns for metrics.jsonl (`step_metrics`, `sft_step_metrics`), from
-its run's counters (`algos.run.training_run.TrainingRun`: the step, the optimizer's lr, the weighting rule, the
-sampler's clock)."""
+metrics row the `algos.learners.trainer.Trainer` learner returns for metrics.jsonl (`step_metrics`,
+`sft_step_metrics`), from its run's counters (`algos.run.training_run.TrainingRun`: the step, the optimizer's lr, the
+weighting rule, the sampler's clock)."""
 
 from __future__ import annotations
 

@@ -38,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+import algos.learners.trainer
 import algos.scoring
-import algos.trainer
 from algos.batch import micro_batches, trim_rows
 from algos.config import Config
+from algos.learners.trainer import Trainer
 from algos.run.cli import parse_config
 from algos.run.training_run import TrainingRun
-from algos.trainer import Trainer
 from benchmarks.roofline import matmul_peak, train_flops
 
 ENV_SHARE_TARGET = 0.05
@@ -73,13 +73,15 @@ def padding_of(batches: Sequence[Sequence[int]], max_tokens: int, max_padding: f
 @contextmanager
 def earlier_grouping() -> Iterator[None]:
     """Run the trainer with the earlier grouping (longest first, by the token budget alone) inside the block."""
-    current = algos.trainer.micro_batches
+    current = algos.learners.trainer.micro_batches
     earlier = functools.partial(current, max_padding=1.0)
-    algos.trainer.micro_batches = algos.scoring.micro_batches = earlier  # the update's and the old log-probs' passes
+    algos.learners.trainer.micro_batches = algos.scoring.micro_batches = (
+        earlier  # the update's and old log-probs' passes
+    )
     try:
         yield
     finally:
-        algos.trainer.micro_batches = algos.scoring.micro_batches = current
+        algos.learners.trainer.micro_batches = algos.scoring.micro_batches = current
 
 
 def useful_flops(trainer: Trainer, batch: TensorDict, sft: TensorDict | None) -> float:

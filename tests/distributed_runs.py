@@ -29,9 +29,9 @@ from safetensors.torch import load_file, save_file
 from algos import distributed
 from algos.checkpoints.store import rng_state
 from algos.config import preset_config
-from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
+from algos.learners.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
+from algos.learners.trainer import Trainer
 from algos.run.training_run import TrainingRun
-from algos.trainer import Trainer
 
 LR = 1e-4
 """AdamW's learning rate: each weight moves by up to about this much per step."""

@@ -6,11 +6,11 @@ import json
 
 import torch
 
-from algos.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig
 from algos.config import preset_config
+from algos.learners.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig
+from algos.learners.value import turn_spans
 from algos.presets import PRESETS
 from algos.run.training_run import TrainingRun
-from algos.value import turn_spans
 
 
 def _run(tmp_path, name: str, **overrides) -> TrainingRun:

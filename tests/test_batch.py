@@ -253,7 +253,7 @@ def test_scored_hidden_gradient_is_the_full_one_when_every_token_is_scored(tiny_
 
 
 def test_the_value_heads_pass_scores_its_tokens_as_the_masked_head_does(tiny_lm):
-    from algos.value import ValueHead, logprobs_and_values
+    from algos.learners.value import ValueHead, logprobs_and_values
 
     ids, attn, mask = _multi_turn_batch(tiny_lm.config.vocab_size)
     head = ValueHead(tiny_lm.config.hidden_size)

@@ -305,9 +305,9 @@ class _StalledRankOne:
 
 def _stalled_run(run_dir: str, timeout: str) -> None:
     """The tiny preset's GRPO under torchrun, through the entry points' `main`, with rank 1 stalled."""
+    from algos.learners.trainer import Trainer
     from algos.registry import Algorithm, register_algorithm
     from algos.run.launch import main
-    from algos.trainer import Trainer
 
     class StalledTrainer(_StalledRankOne, Trainer):
         pass

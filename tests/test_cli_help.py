@@ -16,10 +16,10 @@ ENTRIES = {
     "red_grpo": "algos.config.Config",
     "grpo": "algos.config.Config",
     "grpo_sft": "algos.config.Config",
-    "grpo_expert": "algos.expert_groups.ExpertConfig",
+    "grpo_expert": "algos.learners.expert.ExpertConfig",
     "sft": "algos.config.Config",
-    "ppo": "algos.ppo.PPOConfig",
-    "archer": "algos.archer.ArCHerConfig",
+    "ppo": "algos.learners.ppo.PPOConfig",
+    "archer": "algos.learners.archer.ArCHerConfig",
 }
 """Each entry point and the settings class it parses (`algos.run.launch.main`'s ``config_cls``)."""
 

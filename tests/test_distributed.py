@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from agents.collector import shard_range
 from agents.models import tiny_model
 from algos import distributed
-from algos.archer import ArCHerConfig
 from algos.config import preset_config
+from algos.learners.archer import ArCHerConfig
 from algos.objectives.advantages import whiten
 from algos.run.cli import parse_config
 

@@ -1,5 +1,5 @@
-"""Expert members in the GRPO groups (algos.expert_groups, algos.off_policy): the shaped off-policy loss on hand-built
-tensors, and the learner on a tiny real model, the real QA env, the real oracle and a real BM25 index."""
+"""Expert members in the GRPO groups (algos.learners.expert, algos.learners.off_policy): the shaped off-policy loss on
+hand-built tensors, and the learner on a tiny real model, the real QA env, the real oracle and a real BM25 index."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from algos.config import preset_config
-from algos.expert_groups import EXPERT_METRICS, ExpertConfig
+from algos.learners.expert import EXPERT_METRICS, ExpertConfig
+from algos.learners.off_policy import shaped_expert_loss, shaped_ratio
 from algos.objectives.losses import group_advantages, policy_loss
 from algos.objectives.policy_losses import LossScale
-from algos.off_policy import shaped_expert_loss, shaped_ratio
 from algos.run.training_run import TrainingRun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

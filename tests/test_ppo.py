@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from algos.config import QUERY_REWRITE_ENV, preset_config
+from algos.learners.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig
+from algos.learners.value import value_loss
 from algos.objectives.advantages import episode_gae, gae_steps, token_rewards
-from algos.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig
 from algos.run.training_run import TrainingRun
-from algos.value import value_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,7 +50,7 @@ def register():
 RLOO_ALGORITHM = """
 from algos.registry import Algorithm
 
-RLOO = Algorithm("loo_grpo", learner="algos.trainer:Trainer", label="LOO", advantage="loo", defaults={"group_size": 3})
+RLOO = Algorithm("loo_grpo", learner="algos.learners.trainer:Trainer", label="LOO", advantage="loo")
 """
 """A learner-level plug-in: an algorithm that names the estimator as its own, with its own defaults and label."""
 
@@ -123,7 +123,7 @@ def test_the_weighting_rule_comes_from_the_table():
 
 def test_a_name_is_taken_once_and_checked():
     with pytest.raises(ValueError, match="already registered"):
-        register_algorithm(Algorithm("grpo", learner="algos.trainer:Trainer", label="another"))
+        register_algorithm(Algorithm("grpo", learner="algos.learners.trainer:Trainer", label="another"))
     with pytest.raises(ValueError, match="lowercase letters"):
         Algorithm("My-Algo", learner="x:y")
     with pytest.raises(ValueError, match="sft_weighting must be one of none, fixed, red"):

@@ -49,7 +49,7 @@ ROLLOUT_SETTINGS = frozenset(
         "term_grad_norms",
     }
 )
-"""What every learner that plays rollouts honours through the shared step (`algos.trainer.Trainer`)."""
+"""What every learner that plays rollouts honours through the shared step (`algos.learners.trainer.Trainer`)."""
 
 CREDIT_SETTINGS = frozenset({"search_credit", "repeat_penalty"})
 """Per-search credit (`algos.objectives.credit`): it adds to episode advantages, so only such estimators take it."""

@@ -4,7 +4,7 @@ Every function here takes per-token tensors in the layout made by `algos.batch` 
 `(N, T-1)` tensor is about token t+1 of `input_ids`) and a float or bool mask of the same shape that is
 1 on the tokens the loss sees. Loss terms are returned under keys named ``loss_*`` and summed by
 `total_loss`, as TorchRL objectives do, so a trainer adds a term by adding a key (how the step uses them:
-`algos.trainer`'s docstring, the one statement of the step; its SFT term runs as a pass of its own):
+`algos.learners.trainer`'s docstring, the one statement of the step; its SFT term runs as a pass of its own):
 
     terms = policy_loss(logp, batch["old_logp"], batch["adv"], batch["loss_mask"])
     total_loss(terms).backward()

@@ -1,8 +1,8 @@
 """How much the SFT term weighs at each step: one small object per rule (none, fixed, RED).
 
-The three trainers share one loop (`algos.trainer`, whose docstring states the step) and differ only in the rule:
-the loop asks `SFTWeighting.weight` before the update, hands the SFT batch's entropy to `observe_sft_entropy` after
-it, and logs `metrics`.
+The three trainers share one loop (`algos.learners.trainer`, whose docstring states the step) and differ only in the
+rule: the loop asks `SFTWeighting.weight` before the update, hands the SFT batch's entropy to `observe_sft_entropy`
+after it, and logs `metrics`.
 
 ``rl_entropy`` is the RL batch entropy estimate (`algos.objectives.losses.entropy_estimate`), ``batch_accuracy``
 the share of rollouts whose answer has F1 > 0 (`algos.batch.answer_accuracy`), ``h_sft`` the mean

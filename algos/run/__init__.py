@@ -10,6 +10,6 @@
 - `evaluation` scores the model before and after training (its first-search split, reading against searching, is
   `envs.first_search`'s code, which needs no torch).
 
-The algorithms themselves (the learners, `algos.trainer.Trainer` and those built on it) and the pieces they swap
-(`algos.objectives`) stay one level up; the files a checkpoint is made of are `algos.checkpoints`.
+The algorithms themselves (the learners, `algos.learners.trainer.Trainer` and those built on it) and the pieces they
+swap (`algos.objectives`) stay one level up; the files a checkpoint is made of are `algos.checkpoints`.
 """

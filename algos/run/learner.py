@@ -5,7 +5,7 @@ learner its algorithm names (`algos.registry.Algorithm.learner_class`), and call
 optimizer is built, `Learner.train_step` or `Learner.sft_step` each step, its state in every checkpoint, its numbers
 on the progress bar. The learner makes the batch, its loss terms and its metrics; it reaches the run's parts through
 ``self.run`` (``self.run.policy``, ``self.run.optimizer``, ``self.run.finish_update()``, ...). The GRPO family's
-learner, which the others build on, is `algos.trainer.Trainer`.
+learner, which the others build on, is `algos.learners.trainer.Trainer`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A training run around the algorithm: setup, the steps, metrics and wandb, the end of the run.
 
 `TrainingRun` is what a run needs around its algorithm, and holds the algorithm's learner (``run.learner``, an
-`algos.run.learner.Learner` of the class ``config.run.algo`` names: `algos.trainer.Trainer` for the GRPO family),
-which it calls each step:
+`algos.run.learner.Learner` of the class ``config.run.algo`` names: `algos.learners.trainer.Trainer` for the GRPO
+family), which it calls each step:
 
 - setup from a `Config` (the parts come from `algos.run.setup`): seeds, the model (optionally LoRA) and tokenizer,
   the sampler, the agent, the rollout collector over ``gym.make(config.env.env_id, **config.env_kwargs)``, the oracle
@@ -66,7 +66,7 @@ class TrainingStopped(RuntimeError):
 def make_weighting(config: Config) -> SFTWeighting:
     """The SFT weighting rule of ``config.run.algo``'s registry entry (`algos.registry.Algorithm.sft_weighting`):
     NoSFT (grpo, grpo_expert, ppo, archer), FixedSFT (grpo_sft, sft), RED (red_grpo), or the entry's own function.
-    grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.expert_groups`)."""
+    grpo_expert has no SFT term: its demonstrations join the GRPO groups (`algos.learners.expert`)."""
     rule = algorithm(config.run.algo).sft_weighting
     if callable(rule):
         return rule(config)

@@ -36,13 +36,13 @@ from agents.records import Trajectory
 from algos import distributed, episode_checks, scoring
 from algos.batch import answer_accuracy, micro_batches, trim_rows
 from algos.dynamic_sampling import play, signal_rows
+from algos.learners.sft_term import SFTTerm
 from algos.objectives.advantages import Advantages, StepInput
 from algos.objectives.credit import token_advantages
 from algos.objectives.losses import entropy_estimate, kl_penalty, total_loss
 from algos.objectives.policy_losses import LossScale, pg_terms
 from algos.objectives.registry import aggregation, estimator, policy_loss_spec
 from algos.run.learner import Learner, RunParts, sync
-from algos.sft_term import SFTTerm
 from algos.step_metrics import Rollouts, rewards_tied, step_metrics
 from algos.term_norms import term_norms
 
@@ -78,8 +78,9 @@ class Trainer(SFTTerm, Learner):
     - A step in which more than ``max_retrieval_error_rate`` of the searches failed (a dead or hung retrieval
       server) raises `TrainingStopped` before the update.
 
-    Other learners reuse this step by subclassing `Trainer` (`algos.ppo.PPOTrainer`, `algos.archer.ArCHerTrainer`,
-    `algos.expert_groups.ExpertTrainer`): they extend the steps of `make_batch` (their episodes, scores and their
+    Other learners reuse this step by subclassing `Trainer` (`algos.learners.ppo.PPOTrainer`,
+    `algos.learners.archer.ArCHerTrainer`,
+    `algos.learners.expert.ExpertTrainer`): they extend the steps of `make_batch` (their episodes, scores and their
     estimator's inputs), ``rl_loss_terms`` returns a micro-batch's ``loss_*`` terms, ``__init__`` / ``param_groups``
     add modules (a value head, a critic) and ``state_dict`` / ``load_state_dict`` put their state into the
     checkpoints. ``update_epochs`` > 1 takes several optimizer steps on one batch (PPO epochs); the GRPO family uses 1.

@@ -3,7 +3,7 @@
 The fourth way to mix demonstrations into RL, beside GRPO + fixed SFT, GRPO + RED (an SFT term) and none: as in
 LUFFY (arXiv 2504.14945) and David-GRPO (arXiv 2601.21699), a demonstration is a member of its question's group, so
 its advantage is measured against the group's own failures, and its tokens get the policy-gradient term of an
-off-policy sample (`algos.off_policy`). `ExpertTrainer` states the step; `python -m algos.grpo_expert` runs it.
+off-policy sample (`algos.learners.off_policy`). `ExpertTrainer` states the step; `python -m algos.grpo_expert` runs it.
 
     python -m algos.grpo_expert --preset tiny --run-dir /tmp/expert-tiny
     python -m algos.grpo_expert --expert-members 1 --expert-shaping 0.1
@@ -23,17 +23,17 @@ from tensordict import TensorDict
 from agents.records import Trajectory
 from algos import distributed
 from algos.config import Config
+from algos.learners.off_policy import shaped_expert_loss
+from algos.learners.trainer import Trainer
 from algos.objectives.advantages import Advantages
 from algos.objectives.losses import entropy_estimate
 from algos.objectives.policy_losses import LossScale
 from algos.objectives.registry import estimator
-from algos.off_policy import shaped_expert_loss
 from algos.run import setup as run_setup
 from algos.run.learner import RunParts
 from algos.setting_checks import at_least, check_rules, positive
 from algos.sft_data import oracle_agent
 from algos.step_metrics import Rollouts, rewards_tied
-from algos.trainer import Trainer
 
 __all__ = ["EXPERT_METRICS", "ExpertConfig", "ExpertTrainer"]
 
@@ -85,7 +85,7 @@ EXPERT_METRICS = (
 class ExpertTrainer(Trainer):
     """The shared loop with oracle episodes as off-policy members of the GRPO groups.
 
-    One step, on the shared loop of `algos.trainer.Trainer`:
+    One step, on the shared loop of `algos.learners.trainer.Trainer`:
 
         1. trajectories = the next collector batch's records  # G sampled episodes for each of B questions
            [--grounded-expansion: trajectories = expand(trajectories), below]
@@ -107,9 +107,10 @@ class ExpertTrainer(Trainer):
       questions would have none. An oracle episode that fails (F1 0, or not grounded: it could not have been played
       from its own context) or that does not fit the model's context is skipped; its group keeps only its sampled
       episodes. A group never spans ranks, so the experts of a rank's groups are played on that rank.
-    - The importance weight (`algos.off_policy`): the oracle is not a sampling policy and has no log-probs, so its
-      behaviour probability is taken as 1 and the token's ratio is pi itself, shaped as LUFFY's ``pi / (pi + gamma)``
-      so that the expert tokens the policy finds unlikely keep their gradient; no clip on expert tokens. On-policy
+    - The importance weight (`algos.learners.off_policy`): the oracle is not a sampling policy and has no log-probs, so
+      its behaviour probability is taken as 1 and the token's ratio is pi itself, shaped as LUFFY's
+      ``pi / (pi + gamma)`` so that the expert tokens the policy finds unlikely keep their gradient; no clip on expert
+      tokens. On-policy
       tokens keep the clipped loss (and truncated importance weights under ``--tis-cap``); one token mean over every
       sampled and expert token of the batch. The KL term (``--kl-coef``) sees only on-policy tokens: its estimators
       assume tokens drawn from the policy.

@@ -1,6 +1,6 @@
 """The policy-gradient term of off-policy (expert) tokens: LUFFY's regularised importance sampling, as a pure function.
 
-An expert episode that joins a GRPO group (`algos.expert_groups`) was not sampled from any policy the trainer
+An expert episode that joins a GRPO group (`algos.learners.expert`) was not sampled from any policy the trainer
 knows: the oracle writes its turns from the gold evidence and has no log-probs. Off-policy GRPO variants
 (LUFFY, arXiv 2504.14945; David-GRPO, arXiv 2601.21699) then take the behaviour probability of every expert token
 as 1, so the token's importance ratio is the current policy's probability ``pi = exp(logp)`` itself, and shape it:

@@ -3,10 +3,9 @@ cross-entropy, and the SFT-only step of ``python -m algos.sft`` (the warm start)
 
 The minibatch is a function of the seed and the step only (`sft_indices`), so a resumed run and every data-parallel
 rank draw the same one; each rank backs its share. `_sft_backward` also measures the demonstrations' predictive
-entropy, which RED's rule reads (`algos.objectives.weighting`). `algos.trainer.Trainer` holds it; the names it uses of
-its
-learner are the `algos.run.learner.Learner` seam's (``run``, ``config``) and the learner's forward passes
-(``autocast``, ``_rows``, ``_logprobs``).
+entropy, which RED's rule reads (`algos.objectives.weighting`). `algos.learners.trainer.Trainer` holds it; the names
+it uses of its learner are the `algos.run.learner.Learner` seam's (``run``, ``config``) and the learner's forward
+passes (``autocast``, ``_rows``, ``_logprobs``).
 """
 
 from __future__ import annotations
