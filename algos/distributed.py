@@ -403,9 +403,8 @@ def as_forward(model: torch.nn.Module, fn: Callable[..., Any], *args: Any, **kwa
     `wrap_fsdp`, where it runs inside the root's forward hooks.
 
     FSDP2 gathers a module's own weights in hooks around its ``forward``. A function that calls the decoder and
-    the LM head separately (`algos.batch.masked_token_logprobs`, `algos.learners.value.logprobs_and_values`)
-    bypasses the root's ``forward``, so without this the root's weights (embeddings, final norm, LM head) would stay
-    sharded.
+    the LM head apart (`algos.batch.masked_token_logprobs`, `algos.learners.value.logprobs_and_values`) bypasses the
+    root's ``forward``, so without this the root's weights (embeddings, final norm, LM head) would stay sharded.
     """
     run = getattr(model, "run_as_forward", None)
     return fn(*args, **kwargs) if run is None else run(fn, *args, **kwargs)

@@ -8,7 +8,7 @@ import torch
 
 from algos.config import preset_config
 from algos.learners.archer import ARCHER_DEFAULTS, ARCHER_PRESETS, ArCHerConfig
-from algos.learners.value import turn_spans
+from algos.learners.value import TurnCritic, turn_spans
 from algos.presets import PRESETS
 from algos.run.training_run import TrainingRun
 
@@ -48,7 +48,7 @@ def test_runs_end_to_end_and_resumes(tmp_path):
     try:
         assert resumed.step == 3 and resumed.learner.critic_steps == last["critic/updates"]
         assert len(resumed.learner.replay) == last["critic/replay_size"]
-        assert not _same(resumed.learner.critic, archer.TurnCritic(resumed.learner.critic.v[1].in_features, 32))
+        assert not _same(resumed.learner.critic, TurnCritic(resumed.learner.critic.v[1].in_features, 32))
         assert len(resumed.learner.critic_optimizer.state_dict()["state"]) == len(
             list(resumed.learner.critic.parameters())
         )
