@@ -145,8 +145,8 @@ class ModelSettings:
     sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
     graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding
-    window), static (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster
-    there; else dynamic, as on a GPU). See agents/samplers/hf.py."""
+    window), static (the same buffers without graphs), or auto (graphs on a GPU and static on a CPU where the model
+    allows them, the fastest on each; else dynamic; the choice is logged at start). See agents/samplers/hf.py."""
     sync_weights_every: int = 1
     """vllm: push the policy's weights to the engine after every N updates (between pushes it samples from weights
     up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
