@@ -358,6 +358,8 @@ class RunSettings:
     """wandb project."""
     progress: bool = True
     """Show a progress bar."""
+    verbose: bool = False
+    """Keep third-party libraries' INFO lines and progress bars in the log (bm25s, httpx, weight loading)."""
     eval_questions: int = 100
     """Held-out questions on which the trained model and the model it started from are scored (greedy, same env
     settings as training) at the end of the run; 0 skips the evaluation."""

@@ -55,6 +55,7 @@ _RESUME_MAY_CHANGE = {
     "keep_checkpoints",
     "wandb",
     "progress",
+    "verbose",
     "torch_threads",
     "max_train_minutes",
     "eval_questions",
