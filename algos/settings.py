@@ -132,7 +132,8 @@ class ModelSettings:
     about 0.4% of it, are lost, so keep lr well above 1e-6 or use float32 master weights for long runs)."""
     memory_check: bool = True
     """Print the run's memory estimate per device at start (weights, gradients, optimizer state, activations, KV
-    cache) and refuse, in one line, a run whose estimate exceeds the device's memory."""
+    cache) and what it writes to disk, and refuse, in one line, a run whose estimate exceeds the device's memory or
+    whose checkpoints, final model and outputs exceed the run directory's free space (algos/run/disk.py)."""
     max_context_tokens: int = 4096
     """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
     sampler: Literal["hf", "vllm", "openai"] = "hf"

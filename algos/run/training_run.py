@@ -245,6 +245,9 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 total / memory.GIB,
             )
         memory.check(found, capacity)
+        from algos.run import disk
+
+        disk.check_run(self.config, parameters=shape.parameters, trainable=trainable, is_main=self.world.is_main)
 
     def push_weights(self, *, force: bool = False) -> float | None:
         """Hand the policy's current weights to a sampler that keeps its own copy (vLLM), after every
