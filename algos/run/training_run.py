@@ -423,6 +423,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 signum = distributed.all_max(stop.signum)
                 if signum:
                     self.check_run_dir()  # a directory that is no longer this run's gets no checkpoint either
+                    self.wait_for_checkpoint()  # one written in the background is on disk before the stop
                     checkpoint = find_latest(self.checkpoint_dir) if self.step == saved_step else self.save()
                     raise run_control.Interrupted(signum, self.step, checkpoint if self.world.is_main else None)
                 if self.step >= cfg.optim.steps:
@@ -434,6 +435,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                     self.stopped_early = True
                     break
                 self.threads.recheck()
+                self.checkpoint_writer.check()  # a checkpoint whose background write failed stops the run here
                 start = time.perf_counter()
                 self.set_lr()
                 metrics = self.learner.sft_step() if sft else self.learner.train_step()
@@ -446,8 +448,8 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 metrics["time/elapsed"] = self.elapsed
                 self._unsaved_metrics.append(metrics)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < cfg.optim.steps:
-                    ckpt_start = time.perf_counter()
-                    self.save()  # rank 0 writes (under --fsdp every rank writes its shards)
+                    ckpt_start = time.perf_counter()  # the loop's share: the copy (and a wait for the last write)
+                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank, now)
                     saved_step = self.step
                     metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
                 if self.world.is_main:
@@ -531,6 +533,10 @@ class TrainingRun(RunCheckpoints, RunFinish):
     def close(self) -> None:
         """Close the envs and a sampler with an engine of its own, finish the wandb run, leave the process group and
         release the run directory's lock."""
+        try:  # a run that stopped on an error still completes a checkpoint under way
+            self.wait_for_checkpoint()
+        except OSError as err:
+            logger.error("%s", err)
         self.collector.shutdown()
         close_sampler = getattr(self.sampler, "close", None)
         if close_sampler is not None:  # vLLM: its teardown needs the process group still there
