@@ -99,8 +99,11 @@ def build(shape: str, out: Path, max_context: int = 4096) -> Path:
     """A random-weight model of `shape` with the SmolLM2 tokenizer, saved as a Hugging Face directory at `out`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     from agents.models import fix_pad_token, smollm2_tokenizer
+
+    transformers_logging.disable_progress_bar()  # a bar per shard in the benchmark's log
 
     tokenizer = smollm2_tokenizer()
     sizes = dict(SHAPES[shape])

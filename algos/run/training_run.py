@@ -229,7 +229,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         return run_setup.build_model(self.config, self.device)
 
     def check_memory(self) -> None:
-        """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.run.memory`)."""
+        """Log the run's memory estimate and disk need, and refuse a run that cannot fit (`memory`, `disk`)."""
         from algos.run import memory
 
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
