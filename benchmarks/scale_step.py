@@ -181,7 +181,7 @@ def run(shape: str, work: Path, preset: str, extra: Sequence[str], timeout: floa
         raise RuntimeError(f"{shape}: building the model failed (exit code {builder.exitcode})")
     with multiprocessing.get_context("spawn").Pool(1) as pool:  # its CUDA context ends with it
         bandwidth = pool.apply(read_bandwidth)
-    bound, rows, weight_bytes = decode_bound(model, preset, extra, bandwidth)
+    bound, decode_rows, weight_bytes = decode_bound(model, preset, extra, bandwidth)
     run_dir = work / f"{shape}-run"
     command = [sys.executable, "-m", "algos.red_grpo", "--preset", preset, "--model", str(model)]
     command += ["--corpus", "distractor", "--steps", "2", "--save-every", "0", "--eval-questions", "0"]
@@ -199,7 +199,7 @@ def run(shape: str, work: Path, preset: str, extra: Sequence[str], timeout: floa
         tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
         raise RuntimeError(f"{shape}: the trainer exited {done.returncode} (whole output: {log}):\n{tail}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    bounds = {"bound/read_bytes_per_s": bandwidth, "bound/decode_tokens_per_s": bound, "bound/rows": rows}
+    bounds = {"bound/read_bytes_per_s": bandwidth, "bound/decode_tokens_per_s": bound, "bound/rows": decode_rows}
     return {**rows[-1], **bounds, "bound/weight_bytes": weight_bytes}
 
 
