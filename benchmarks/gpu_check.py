@@ -30,8 +30,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import scale_step
-
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE_STAGES = {  # stage: (shape, flags after --, limit on a GPU)
     "135m": ("smollm2-135m", [], 80),
@@ -73,6 +71,8 @@ def tests_stage(folder: Path, rehearse: bool, limit: float) -> dict[str, Any]:
 
 def shape_stage(folder: Path, work: Path, shape: str, preset: str, extra: list[str], limit: float) -> dict[str, Any]:
     """One `benchmarks.scale_step` run of `shape`; its log and metrics copied into `folder`."""
+    from benchmarks import scale_step  # imported when run: `python -m benchmarks.scale_step` may follow in a process
+
     try:
         row = scale_step.run(shape, work, preset, extra, timeout=limit)
         result = {"status": "passed", "line": scale_step.report(shape, row, ranks=1), "metrics": row}
@@ -100,7 +100,9 @@ def seed_stage(folder: Path, rehearse: bool, limit: float) -> dict[str, Any]:
     shutil.rmtree(run_dir / "final", ignore_errors=True)  # the bundled model again: not worth the folder's room
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"status": "passed", "line": scale_step.report("seed shape", rows[-1], ranks=1), "metrics": rows[-1]}
+    from benchmarks.scale_step import report
+
+    return {"status": "passed", "line": report("seed shape", rows[-1], ranks=1), "metrics": rows[-1]}
 
 
 def _timed(name: str, stage: Any, *args: Any) -> dict[str, Any]:
