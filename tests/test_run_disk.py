@@ -77,3 +77,13 @@ def test_the_trainer_refuses_at_start_what_its_disk_cannot_hold(tmp_path, capsys
     assert err.startswith("error: the run writes ") and "\n" not in err
     assert "which has 1.0 MiB free" in err and "--param-dtype bfloat16" in err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_on_a_cpu_the_memory_estimate_counts_the_copy_a_checkpoint_is_written_from():
+    from algos.run import memory
+
+    shape = memory.Shape(parameters=N, layers=36, hidden=2048, intermediate=11008, vocab=151936, kv_dim=256)
+    cpu = memory.estimate(preset_config("gpu", device="cpu"), shape)
+    assert cpu.parts["checkpoint copy"] == N * 4 * 3  # weights and AdamW's two moments, float32
+    assert "checkpoint copy" not in memory.estimate(preset_config("gpu", device="cpu", save_every=0), shape).parts
+    assert "checkpoint copy" not in memory.estimate(preset_config("gpu", device="cuda"), shape).parts  # host memory
