@@ -4,10 +4,10 @@
 ``optimizer``, ``weighting``, ``collector``, ``learner``, ``world``, ``step``, ...). A checkpoint holds the trainable
 weights, the AdamW state, the weighting rule's state, the learner's own tensors and state
 (`algos.run.learner.Learner.state_dict`), the data position, every rank's RNG states and the metrics rows written
-since the last checkpoint; under ``--fsdp`` each rank writes its own shards. Checkpoints every ``save_every`` steps
-are written on a thread beside the next steps (`algos.checkpoints.background`); the last one before the run's end
-goes on. ``--resume`` restores all of it (`RunCheckpoints.load`) and warns about settings that differ from the
-checkpoint's.
+since the last checkpoint; under ``--fsdp`` each rank writes its own shards. The checkpoints every ``save_every``
+steps are written on a thread beside the next steps (`algos.checkpoints.background`); the final one is on disk before
+the run goes on to its final model. ``--resume`` restores all of it (`RunCheckpoints.load`) and warns about settings
+that differ from the checkpoint's.
 """
 
 from __future__ import annotations
