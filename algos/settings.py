@@ -132,7 +132,8 @@ class ModelSettings:
     about 0.4% of it, are lost, so keep lr well above 1e-6 or use float32 master weights for long runs)."""
     memory_check: bool = True
     """Print the run's memory estimate per device at start (weights, gradients, optimizer state, activations, KV
-    cache) and refuse, in one line, a run whose estimate exceeds the device's memory."""
+    cache) and what it writes to disk, and refuse, in one line, a run whose estimate exceeds the device's memory or
+    whose checkpoints, final model and outputs exceed the run directory's free space (algos/run/disk.py)."""
     max_context_tokens: int = 4096
     """Context length of the agent and sampler; an episode whose context would outgrow it ends truncated."""
     sampler: Literal["hf", "vllm", "openai"] = "hf"
@@ -145,8 +146,8 @@ class ModelSettings:
     sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
     graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding
-    window), static (the same buffers without graphs), or auto (static on a CPU where the model allows it, the faster
-    there; else dynamic, as on a GPU). See agents/samplers/hf.py."""
+    window), static (the same buffers without graphs), or auto (graphs on a GPU and static on a CPU where the model
+    allows them, the fastest on each; else dynamic; the choice is logged at start). See agents/samplers/hf.py."""
     sync_weights_every: int = 1
     """vllm: push the policy's weights to the engine after every N updates (between pushes it samples from weights
     up to N-1 updates old; the clipped objective's ratio uses old log-probs recomputed by the training model)."""
@@ -369,6 +370,8 @@ class RunSettings:
     """wandb project."""
     progress: bool = True
     """Show a progress bar."""
+    verbose: bool = False
+    """Keep third-party libraries' INFO lines and progress bars in the log (bm25s, httpx, weight loading)."""
     eval_questions: int = 100
     """Held-out questions on which the trained model and the model it started from are scored (greedy, same env
     settings as training) at the end of the run; 0 skips the evaluation."""

@@ -8,8 +8,10 @@ SFT term still runs the whole update (forward, backward and AdamW over every par
 The env uses the distractor corpus (no JVM, no index: retrieval is not what is measured here).
 
 For each shape it prints the second step's split (generation, env and retrieval, old log-probs, forward/backward,
-optimizer), the update's share of the step, peak GPU memory, sampled and trained tokens, and trajectories per GPU
-per second (the step's episodes over its wall time: every rank's episodes over the ranks). Each trainer's whole
+optimizer), the update's share of the step, peak GPU memory, sampled and trained tokens, trajectories per GPU
+per second (the step's episodes over its wall time: every rank's episodes over the ranks), and generation tokens/s
+against the bound the machine's measured memory bandwidth sets (`decode_bound`: every weight read once a decode
+step for the sampler's rows). Each trainer's whole
 output is kept as `trainer.log` in its run directory (under ``--work``).
 
     python -m benchmarks.scale_step                                     # the three shapes, the gpu preset
@@ -28,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,8 +99,11 @@ def build(shape: str, out: Path, max_context: int = 4096) -> Path:
     """A random-weight model of `shape` with the SmolLM2 tokenizer, saved as a Hugging Face directory at `out`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     from agents.models import fix_pad_token, smollm2_tokenizer
+
+    transformers_logging.disable_progress_bar()  # a bar per shard in the benchmark's log
 
     tokenizer = smollm2_tokenizer()
     sizes = dict(SHAPES[shape])
@@ -119,15 +125,63 @@ def build(shape: str, out: Path, max_context: int = 4096) -> Path:
     return out
 
 
-def run(shape: str, work: Path, preset: str, extra: Sequence[str]) -> dict[str, Any]:
-    """Two steps of `python -m algos.red_grpo` on `shape`; the second step's metrics row."""
+def read_bandwidth() -> float:
+    """Bytes/s at which this machine's accelerator (CUDA where there is one, else the CPU) reads memory: the best of
+    a few sums over a 2 GiB bfloat16 tensor on a GPU (`benchmarks.roofline.memory_bandwidth` on a CPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        from benchmarks.roofline import memory_bandwidth
+
+        return memory_bandwidth(repeats=3)
+    from benchmarks.timing import best_seconds
+
+    x = torch.ones(1 << 30, dtype=torch.bfloat16, device="cuda")
+
+    def read() -> None:
+        x.sum()
+        torch.cuda.synchronize()
+
+    return x.numel() * 2 / best_seconds(read, repeats=5, warmup=True)
+
+
+def decode_bound(model: Path, preset: str, extra: Sequence[str], bandwidth: float) -> tuple[float, int, float]:
+    """The sampled tokens/s that `bandwidth` allows a run's decode steps, its rows and the weight bytes a step reads.
+
+    A decode step reads every weight once (in bfloat16 under ``--bf16`` or bfloat16 weights, else float32) for all
+    of its rows, the sampler's batch (``--sampler-batch-size``, at most the step's episodes); the keys and values it
+    also reads are left out, so the bound is an upper one.
+    """
+    from transformers import AutoConfig
+
+    from algos.run.cli import parse_config
+    from algos.run.memory import count_parameters
+
+    config = parse_config(["--preset", preset, "--model", str(model), *extra], algo="red_grpo")
+    half = config.model.use_bf16 or config.model.param_dtype == "bfloat16"
+    weight_bytes = count_parameters(AutoConfig.from_pretrained(model)) * (2 if half else 4)
+    rows = min(config.model.sampler_batch_size, config.rl.questions_per_step * config.rl.group_size)
+    return rows * bandwidth / weight_bytes, rows, weight_bytes
+
+
+def run(shape: str, work: Path, preset: str, extra: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
+    """Two steps of `python -m algos.red_grpo` on `shape` (all of it, the model's build included, stopped after
+    `timeout` seconds); the second step's metrics row, with the decode bound of `decode_bound` at this machine's
+    `read_bandwidth` (``bound/*`` keys)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     model = work / f"{shape}-model"
     # built in a process of its own, which gives its GPU memory back when it ends (this one would hold it all along)
     builder = multiprocessing.get_context("spawn").Process(target=build, args=(shape, model))
     builder.start()
-    builder.join()
+    builder.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
+    if builder.is_alive():
+        builder.kill()
+        raise RuntimeError(f"{shape}: building the model took more than {timeout:.0f} s")
     if builder.exitcode != 0:
         raise RuntimeError(f"{shape}: building the model failed (exit code {builder.exitcode})")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # its CUDA context ends with it
+        bandwidth = pool.apply(read_bandwidth)
+    bound, decode_rows, weight_bytes = decode_bound(model, preset, extra, bandwidth)
     run_dir = work / f"{shape}-run"
     command = [sys.executable, "-m", "algos.red_grpo", "--preset", preset, "--model", str(model)]
     command += ["--corpus", "distractor", "--steps", "2", "--save-every", "0", "--eval-questions", "0"]
@@ -136,12 +190,17 @@ def run(shape: str, work: Path, preset: str, extra: Sequence[str]) -> dict[str, 
     log = run_dir / "trainer.log"  # the trainer's whole output (its memory estimate at start, any traceback)
     with log.open("w") as out:
         env = {**os.environ, "WANDB_MODE": "disabled"}
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            left = None if deadline is None else max(1.0, deadline - time.monotonic())
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=left)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{shape}: no second step inside {timeout:.0f} s (whole output: {log})") from None
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
         raise RuntimeError(f"{shape}: the trainer exited {done.returncode} (whole output: {log}):\n{tail}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return rows[-1]
+    bounds = {"bound/read_bytes_per_s": bandwidth, "bound/decode_tokens_per_s": bound, "bound/rows": decode_rows}
+    return {**rows[-1], **bounds, "bound/weight_bytes": weight_bytes}
 
 
 def report(shape: str, row: dict[str, Any], ranks: int) -> str:
@@ -151,11 +210,19 @@ def report(shape: str, row: dict[str, Any], ranks: int) -> str:
     split = " ".join(f"{k.removeprefix('time/')} {row[k]:.2f}" for k in SPLIT)
     memory = f"peak {row['memory/peak_gib']:.1f} GiB" if "memory/peak_gib" in row else "peak n/a (CPU)"
     per_gpu = row.get("train/episodes", 0) / step / ranks
-    return (
+    line = (
         f"{shape:<13} step {step:.2f} s ({split}); update {update / step:.0%}; {memory}; "
         f"sampled {row['tokens/sampled']:.0f}, trained {row['tokens/trained']:.0f} tokens; "
         f"{per_gpu:.2f} trajectories/GPU/s"
     )
+    if "bound/decode_tokens_per_s" in row and row["time/generation"] > 0:
+        rate, bound = row["tokens/sampled"] / row["time/generation"], row["bound/decode_tokens_per_s"]
+        line += (
+            f"; generation {rate:.0f} tok/s (prefill included), {rate / bound:.1%} of the {bound:.0f} tok/s that "
+            f"reading {row['bound/weight_bytes'] / 1e9:.2f} GB of weights per step for {row['bound/rows']} rows at "
+            f"{row['bound/read_bytes_per_s'] / 1e9:.0f} GB/s allows"
+        )
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> list[str]:

@@ -93,9 +93,9 @@ class RankDraws(SmallEpsRun):
     def __init__(self, config: Any) -> None:
         super().__init__(config, learner=RankDrawing)
 
-    def save(self) -> Path | None:
+    def save(self, *, background: bool = False) -> Path | None:
         self._record(f"saved_step{self.step}")
-        return super().save()
+        return super().save(background=background)
 
     def load(self, path: Any) -> list[dict[str, Any]]:
         restored = super().load(path)

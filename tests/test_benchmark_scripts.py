@@ -75,7 +75,49 @@ def test_scale_step_trains_the_tiny_shape(tmp_path):
     from benchmarks.scale_step import main
 
     logs = main(["--shapes", "tiny", "--preset", "tiny", "--work", str(tmp_path)])
-    assert logs and "step" in logs[0]
+    assert logs and "step" in logs[0] and "tok/s that reading" in logs[0]
+
+
+def test_the_decode_bound_reads_every_weight_once_per_step_for_the_samplers_rows(tiny_dir):
+    from transformers import AutoConfig
+
+    from algos.run.memory import count_parameters
+    from benchmarks.scale_step import decode_bound
+
+    parameters = count_parameters(AutoConfig.from_pretrained(tiny_dir))
+    bound, rows, weight_bytes = decode_bound(tiny_dir, "tiny", ["--device", "cpu"], bandwidth=1e9)
+    assert rows == 4 and weight_bytes == parameters * 4  # the tiny preset: 2 questions x 2 episodes, float32
+    assert bound == pytest.approx(rows * 1e9 / weight_bytes)
+    half = decode_bound(tiny_dir, "gpu", ["--bf16", "True", "--device", "cpu"], bandwidth=1e9)
+    assert half[1] == 64 and half[2] == parameters * 2
+
+
+def test_checkpoint_overlap_times_the_three_modes(one_torch_thread, tmp_path):
+    from benchmarks.checkpoint_overlap import main
+
+    lines = main(["--shape", "tiny", "--steps", "1", "--tokens", "8", "--work", str(tmp_path)])
+    assert [line.split(" step ")[0].split(maxsplit=1)[1].strip() for line in lines] == [
+        "none",
+        "in the loop",
+        "beside the steps",
+    ]
+    assert "(checkpoint" in lines[2] and not list(tmp_path.iterdir())  # its checkpoints go with their folder
+
+
+@pytest.mark.slow  # five stages, three of them trainers in processes of their own
+def test_gpu_check_rehearses_every_stage_at_tiny_shapes(tmp_path):
+    from benchmarks.gpu_check import main
+
+    summary = main(["--rehearse", "--out", str(tmp_path)])
+    assert {name: stage["status"] for name, stage in summary["stages"].items()} == dict.fromkeys(
+        ["tests", "135m", "1.5b", "3b", "seed"], "passed"
+    )
+    for name in ("135m", "1.5b", "3b", "seed"):
+        assert (tmp_path / name / "metrics.jsonl").read_text().strip()
+        assert "trajectories/GPU/s" in summary["stages"][name]["line"]
+    assert "tok/s that reading" in summary["stages"]["3b"]["line"]
+    assert "tests collected" in (tmp_path / "tests" / "pytest.log").read_text()
+    assert "**seed** passed" in (tmp_path / "summary.md").read_text()
 
 
 def test_timing_keeps_the_fastest_call():

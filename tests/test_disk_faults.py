@@ -216,9 +216,10 @@ def test_write_text_atomic_keeps_the_old_text(disk, fault, monkeypatch):
 
 
 # --- through main -------------------------------------------------------------------------------------------------
-TINY = ["--preset", "tiny", "--eval-questions", "0", "--corpus", "distractor"]
+TINY = ["--preset", "tiny", "--eval-questions", "0", "--corpus", "distractor", "--no-memory-check"]
 """The tiny preset checkpoints every step, keeping two: each about 39 MB (weights 13 MB, then optimizer 26 MB); its
-final model is about 16 MB (weights 13 MB, then the tokenizer)."""
+final model is about 16 MB (weights 13 MB, then the tokenizer). The start-of-run disk check would refuse these runs
+(`algos.run.disk`, tested in test_run_disk.py); here the write that runs out of room is what is tested."""
 SIZED = {
     # 60 MiB: the first checkpoint fits, the second runs out of room in its optimizer.pt (torch.save's C++ error)
     "checkpoint": ("60m", ["--steps", "3"], "checkpoints/step_000002"),

@@ -13,6 +13,7 @@ the bound bfloat16's rounding allows.
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from agents.samplers import HFSampler, encode_chat
 from agents.samplers.static_decode import (
     COLUMN_BUCKET,
     StaticDecoder,
+    choose_decode,
     column_bucket,
     narrow_linear,
     row_bucket,
@@ -168,6 +170,44 @@ def test_auto_decode_is_static_on_a_cpu_where_the_model_allows():
     assert HFSampler(model, tokenizer, decode="auto").decode == "static"
     policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).get_base_model()
     assert HFSampler(policy, tokenizer, decode="auto").decode == "dynamic"  # LoRA wrappers: the model's forward
+
+
+def test_auto_decode_chooses_graphs_for_cuda_where_the_model_allows():
+    """The function behind ``decode="auto"`` reads the device's type only, so a CPU asks it what a GPU would run:
+    CUDA graphs for plain Llama and Qwen2 layers, the dynamic cache for LoRA-wrapped layers or a cache that is not
+    plain keys and values, each with a reason."""
+    from peft import LoraConfig, get_peft_model
+
+    cuda = torch.device("cuda")
+    for architecture in ("llama", "qwen2"):
+        model, _ = tiny_model(seed=0, architecture=architecture)
+        assert choose_decode(model, cuda)[0] == "graphs"
+        assert choose_decode(model, torch.device("cpu"))[0] == "static"
+        assert choose_decode(model, cuda, plain=False) == (
+            "dynamic",
+            "its cache is not plain per-layer keys and values",
+        )
+    policy = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).get_base_model()
+    decode, why = choose_decode(policy, cuda)
+    assert decode == "dynamic" and "LoRA" in why
+
+
+def test_auto_decode_says_its_choice_once(caplog):
+    model, tokenizer = tiny_model(seed=0)
+    with caplog.at_level(logging.INFO, logger="agents.samplers.hf"):
+        HFSampler(model, tokenizer, decode="auto")
+        HFSampler(model, tokenizer, decode="static")
+    said = [r.getMessage() for r in caplog.records if r.name == "agents.samplers.hf"]
+    assert said == ["sampler decode: static (static key/value buffers without graphs on cpu)"]
+
+
+@pytest.mark.gpu
+def test_auto_decode_replays_cuda_graphs_on_a_gpu(prompts):
+    model, tokenizer = tiny_model(seed=0, architecture="qwen2")
+    sampler = HFSampler(model.cuda(), tokenizer, decode="auto")
+    assert sampler.decode == "graphs"
+    sampler.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert sampler._static.graphs and sampler._static.captured >= 1
 
 
 def test_static_decoding_refuses_wrapped_linear_layers():

@@ -19,9 +19,10 @@ used out first; `release(token_ids)` drops a closed context's; a change of weigh
 Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as (W @ x^T)^T (`narrow_rows`;
 docs/results/throughput.md); a finished greedy row leaves by a move of the last row into its place. On a GPU,
 `decode="graphs"` replays each step as one CUDA graph (`agents.samplers.static_decode`); `decode="static"` runs the
-same steps without graphs and samples what the dynamic path samples (tested); "auto" picks static on a CPU where the
-model allows it. Threads: one OpenMP thread per core on a shared CPU can be many times slower than
-`torch.set_num_threads(1)`; the sampler leaves that process-wide choice to the caller.
+same steps without graphs and samples what the dynamic path samples (tested); "auto" picks graphs on a GPU and
+static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice. Threads: one
+OpenMP thread per core on a shared CPU can be many times slower than `torch.set_num_threads(1)`; the sampler leaves
+that process-wide choice to the caller.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from agents.samplers.kv_cache import (
     narrow_linears,
 )
 from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups
-from agents.samplers.static_decode import StaticDecoder, supports
+from agents.samplers.static_decode import StaticDecoder, choose_decode
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +110,9 @@ class HFSampler(TokenizerContext):
             key/value buffers (`agents.samplers.static_decode`; Llama, Qwen2 or Mistral models on a CUDA device), for
             GPUs, where a small model's step is bound by launching its kernels. "static": the same steps without
             graphs (any device); on a CPU the fastest, since a step is fewer operations than the model's forward
-            and its few-row products take the W @ x^T form too (docs/results/throughput.md). "auto": static on a
-            CPU where the model allows it (`static_decode.supports`: plain Llama, Qwen2 or Mistral layers, no
-            sliding window, no LoRA wrappers), else dynamic.
+            and its few-row products take the W @ x^T form too (docs/results/throughput.md). "auto": graphs on a
+            CUDA device and static elsewhere where the model allows them (`static_decode.choose_decode`: plain Llama,
+            Qwen2 or Mistral layers, no sliding window, no LoRA wrappers), else dynamic; logged once at INFO.
     """
 
     def __init__(
@@ -159,7 +160,8 @@ class HFSampler(TokenizerContext):
         if decode not in ("auto", "dynamic", "static", "graphs"):
             raise ValueError(f"decode must be 'auto', 'dynamic', 'static' or 'graphs', got {decode!r}")
         if decode == "auto":
-            decode = "static" if self.device.type == "cpu" and self._plain and supports(model) else "dynamic"
+            decode, why = choose_decode(model, self.device, plain=self._plain)
+            logger.info("sampler decode: %s (%s)", decode, why)
         if decode != "dynamic" and not self._plain:
             raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
         self.decode = decode

@@ -65,6 +65,28 @@ def supports(model: torch.nn.Module) -> bool:
     return _refusal(model) is None
 
 
+def choose_decode(model: torch.nn.Module, device: torch.device, *, plain: bool = True) -> tuple[str, str]:
+    """What the sampler's ``decode="auto"`` runs for `model` on `device`, and why, in a few words.
+
+    CUDA graphs on a CUDA device where the static step reproduces the model (a GPU decode step is bound by launching
+    its kernels, which one graph replay removes); the same static steps without graphs elsewhere (on a CPU a step is
+    fewer operations than the model's forward); else the model's own forward over a dynamic cache.
+
+    Args:
+        model: the causal LM to sample from (only inspected: its type, layers and linear layers).
+        device: where it runs (the choice reads the device's type only, so a test on a CPU can ask about CUDA).
+        plain: whether the model's cache is plain per-layer keys and values (`HFSampler` checks it).
+    """
+    if not plain:
+        return "dynamic", "its cache is not plain per-layer keys and values"
+    reason = _refusal(model)
+    if reason is not None:
+        return "dynamic", reason
+    if device.type == "cuda":
+        return "graphs", "one CUDA graph replay per decode step over static key/value buffers"
+    return "static", f"static key/value buffers without graphs on {device.type}"
+
+
 def _refusal(model: torch.nn.Module) -> str | None:
     """Why `_step` would not compute this model's forward pass, or None when it would."""
     config = getattr(model, "config", None)

@@ -18,8 +18,9 @@ fault raises one `CheckpointWriteError` and leaves the previous checkpoint and `
 the fact, an edited state.json, a missing shard) and falls back to the newest complete checkpoint when
 ``latest`` points at a missing or damaged one. Checkpoints written before manifest.json existed carry their
 manifest inside state.json, which it does not cover; they still load, verified as they were then. Only the
-newest ``keep`` checkpoints are kept. A whole-tensor checkpoint resumes under FSDP too (each rank keeps its
-shard of the whole tensors), and a sharded one in one process.
+newest ``keep`` checkpoints are kept. `snapshot_checkpoint` splits a save in two: the copies of this moment, then
+their write, which may run beside the next steps (`algos.checkpoints.background`). A whole-tensor checkpoint
+resumes under FSDP too (each rank keeps its shard of the whole tensors), and a sharded one in one process.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ __all__ = [
     "save_checkpoint",
     "save_sharded_checkpoint",
     "set_rng_state",
+    "snapshot_checkpoint",
     "sharded_keys",
     "write_error",
     "write_text_atomic",
@@ -135,20 +137,77 @@ def save_checkpoint(
         CheckpointWriteError: it could not be written (a full or read-only disk, ...): the temporary directory is
             removed, the previous checkpoint and ``latest`` are untouched.
     """
+    write = snapshot_checkpoint(
+        root, step, weights=weights, optimizer=optimizer, state=state, keep=keep, rng=rng, _before_commit=_before_commit
+    )
+    return write()
+
+
+def snapshot_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    weights: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any],
+    state: Mapping[str, Any],
+    keep: int = 3,
+    rng: Sequence[Mapping[str, Any]] | None = None,
+    _before_commit: Callable[[Path], None] | None = None,
+) -> Callable[[], Path]:
+    """Copy what a checkpoint of this moment holds and return the write of those copies (`save_checkpoint`'s
+    arguments; calling the result writes the checkpoint, as `save_checkpoint` does, and returns its directory).
+
+    Every tensor (weights, the optimizer's state) is copied to the CPU and the JSON state is serialised now, so the
+    steps after this call may change the originals while the write runs on another thread
+    (`algos.checkpoints.background.BackgroundWriter`). The copies hold the weights and AdamW state once more in host
+    memory until the write ends.
+    """
     root = Path(root)
+    tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in weights.items()}
+    optimizer_copy = _cpu_copies(dict(optimizer))
+    payload = json.loads(json.dumps({"step": step, **dict(state)}, default=str))
+    rngs = list(rng) if rng is not None else [rng_state()]
+
+    def write() -> Path:
+        return _write_checkpoint(root, step, tensors, optimizer_copy, payload, keep, rngs, _before_commit)
+
+    return write
+
+
+def _cpu_copies(value: Any) -> Any:
+    """`value` with every tensor inside its dicts, lists and tuples copied to the CPU (an optimizer's state dict)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _cpu_copies(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copies(item) for item in value)
+    return value
+
+
+def _write_checkpoint(
+    root: Path,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    optimizer: dict[str, Any],
+    payload: dict[str, Any],
+    keep: int,
+    rngs: Sequence[Mapping[str, Any]],
+    before_commit: Callable[[Path], None] | None,
+) -> Path:
+    """Write a checkpoint's copies into a temporary directory, then commit it (`algos.checkpoints.files.commit`)."""
     final = root / step_dir_name(step)
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in weights.items()}
     with writing(final, root):
         tmp = new_tmp_dir(root, final)
     try:
         with writing(final, tmp):  # classified before the partial files that filled the disk are removed
             save_file(tensors, str(tmp / "weights.safetensors"))
             fsync_file(tmp / "weights.safetensors")
-            torch.save(dict(optimizer), tmp / "optimizer.pt")
+            torch.save(optimizer, tmp / "optimizer.pt")
             fsync_file(tmp / "optimizer.pt")
-            for rank, states in enumerate(rng if rng is not None else [rng_state()]):
+            for rank, states in enumerate(rngs):
                 save_rng(tmp / rng_file(rank), states)
-            commit(tmp, final, {"step": step, **dict(state)}, {}, keep, _before_commit)
+            commit(tmp, final, payload, {}, keep, before_commit)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,8 +4,10 @@
 ``optimizer``, ``weighting``, ``collector``, ``learner``, ``world``, ``step``, ...). A checkpoint holds the trainable
 weights, the AdamW state, the weighting rule's state, the learner's own tensors and state
 (`algos.run.learner.Learner.state_dict`), the data position, every rank's RNG states and the metrics rows written
-since the last checkpoint; under ``--fsdp`` each rank writes its own shards. ``--resume`` restores all of it
-(`RunCheckpoints.load`) and warns about settings that differ from the checkpoint's.
+since the last checkpoint; under ``--fsdp`` each rank writes its own shards. The checkpoints every ``save_every``
+steps are written on a thread beside the next steps (`algos.checkpoints.background`); the final one is on disk before
+the run goes on to its final model. ``--resume`` restores all of it (`RunCheckpoints.load`) and warns about settings
+that differ from the checkpoint's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 
 from algos import distributed
+from algos.checkpoints.background import BackgroundWriter
+from algos.checkpoints.files import step_dir_name
 from algos.checkpoints.store import (
     checkpoint_problem,
     is_sharded,
@@ -29,9 +33,9 @@ from algos.checkpoints.store import (
     read_state,
     restore_rng,
     rng_state,
-    save_checkpoint,
     save_sharded_checkpoint,
     sharded_keys,
+    snapshot_checkpoint,
     write_text_atomic,
 )
 
@@ -55,6 +59,7 @@ _RESUME_MAY_CHANGE = {
     "keep_checkpoints",
     "wandb",
     "progress",
+    "verbose",
     "torch_threads",
     "max_train_minutes",
     "eval_questions",
@@ -79,13 +84,27 @@ def changed_settings(saved: dict[str, Any], config: Any) -> dict[str, tuple[Any,
 class RunCheckpoints:
     """Checkpoints, resume and the weight average of a `algos.run.training_run.TrainingRun` (a base class of it)."""
 
-    def save(self) -> Path | None:
+    @property
+    def checkpoint_writer(self) -> BackgroundWriter:
+        """The thread that writes checkpoints beside the steps (`algos.checkpoints.background`), made on first use."""
+        if "_checkpoint_writer" not in self.__dict__:
+            self._checkpoint_writer = BackgroundWriter()
+        return self._checkpoint_writer
+
+    def wait_for_checkpoint(self) -> Path | None:
+        """Wait until a checkpoint written in the background is on disk; raise its write error, if it failed."""
+        return self.checkpoint_writer.wait()
+
+    def save(self, *, background: bool = False) -> Path | None:
         """Write a checkpoint of the current step (atomically; keeps the newest ``keep_checkpoints``).
 
         Every rank must call this. One process and DDP: rank 0 writes the whole tensors, with every rank's RNG states
-        (gathered). ``--fsdp``: every rank writes its own shards (`_save_sharded`). Returns the checkpoint's directory
-        (None on the other ranks).
+        (gathered); with `background` it copies them and writes the copies on the writer's thread while the steps go
+        on (`checkpoint_writer`), after waiting for the write before it. ``--fsdp``: every rank writes its own shards
+        (`_save_sharded`), before returning. Returns the checkpoint's directory (None on the other ranks); a
+        background write puts it there later (`wait_for_checkpoint`).
         """
+        self.wait_for_checkpoint()  # one write at a time, and a failed one raises here
         names = [name for name, p in self.policy.named_parameters() if p.requires_grad]
         rng = None if self.fsdp else distributed.gather_objects(rng_state())  # under --fsdp each rank writes its own
         if not self.world.is_main and not self.fsdp:
@@ -111,7 +130,7 @@ class RunCheckpoints:
                     average = distributed.full_state_dict(self.policy, names)
                     weights.update({_AVERAGE_PREFIX + name: t.detach().clone() for name, t in average.items()})
             weights.update({_LEARNER_PREFIX + name: t for name, t in learner_tensors.items()})
-            path = save_checkpoint(
+            write = snapshot_checkpoint(
                 self.checkpoint_dir,
                 self.step,
                 weights=weights,
@@ -120,6 +139,11 @@ class RunCheckpoints:
                 keep=self.config.run.keep_checkpoints,
                 rng=rng,
             )
+            if background:
+                self.checkpoint_writer.submit(write)
+                path = self.checkpoint_dir / step_dir_name(self.step)
+            else:
+                path = write()
         self._unsaved_metrics = []
         return path if self.world.is_main else None
 

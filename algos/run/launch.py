@@ -9,7 +9,6 @@ fit; 143 or 130 after SIGTERM or SIGINT, once the step under way is checkpointed
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from algos.config import Config
 from algos.registry import algorithm
 from algos.run import control as run_control
 from algos.run.cli import parse_config
-from algos.run.logs import quiet_http_logs
+from algos.run.logs import set_up_logging
 from algos.run.memory import DoesNotFit
 from algos.run.training_run import TrainingRun, TrainingStopped
 from algos.settings import AlgoName
@@ -51,9 +50,7 @@ def main(argv: Sequence[str] | None = None, *, algo: AlgoName, description: str 
     """
     config = parse_config(argv, algo=algo, description=description)
     algorithm(algo).learner_class()  # a learner that cannot be imported fails here, before any setup
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    quiet_http_logs()
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # pyserini imports faiss; its CPU probing is noise
+    set_up_logging(verbose=config.run.verbose)  # third-party INFO chatter and progress bars off unless --verbose
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -6,7 +6,8 @@ reference model when the KL term is on, the activations the backward pass keeps 
 (``micro_batch_tokens`` tokens; one layer's plus each layer's input under ``--gradient-checkpointing``), the logits
 of that micro-batch, and the sampler: the transformers sampler's key/value cache for its widest batch of rows at the
 full context and the keys and values it keeps between calls (`KEPT_CACHE_TOKENS`), or the share of the GPU a vLLM
-engine is given. After the last step the held-out evaluation (`evaluation_bytes`) scores a second copy of the start
+engine is given; on a CPU, the copy of the weights and AdamW state a checkpoint is written from beside the next steps.
+After the last step the held-out evaluation (`evaluation_bytes`) scores a second copy of the start
 model with a sampler of its own, its batch of rows at the full context; where that exceeds what the step's
 activations, logits and rollouts freed, the excess is a part of its own. On a CPU the evaluation's rows are bounded
 by memory (`evaluation_rows`: the trainer's evaluation runs at most that many at a time). `check` compares the sum
@@ -225,6 +226,11 @@ def estimate(
         kv = rows * config.model.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
         parts["kv cache"] = kv + rows * shape.vocab * 4
         parts["kept kv cache"] = KEPT_CACHE_TOKENS * _kv_bytes_per_token(config, shape)
+    if config.run.save_every and shards == 1 and not config.model.torch_device.startswith("cuda"):
+        # a checkpoint's copy of the weights and AdamW state, held while it is written beside the next steps
+        # (`algos.checkpoints.background`); on a GPU it is in host memory, not the device's
+        copies = 3 + (1 if config.optim.weight_average is not None else 0)
+        parts["checkpoint copy"] = trainable * param_bytes * copies
     eval_rows = None
     if _evaluation_episodes(config):  # after the last step: the step's activations, logits and rollouts are freed
         freed = parts["activations"] + parts["logits"] + parts["rollout batch"]

@@ -236,7 +236,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         return run_setup.build_model(self.config, self.device)
 
     def check_memory(self) -> None:
-        """Log the run's memory estimate per device and refuse a run that cannot fit (`algos.run.memory`)."""
+        """Log the run's memory estimate and disk need, and refuse a run that cannot fit (`memory`, `disk`)."""
         from algos.run import memory
 
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
@@ -252,6 +252,9 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 total / memory.GIB,
             )
         memory.check(found, capacity)
+        from algos.run import disk
+
+        disk.check_run(self.config, parameters=shape.parameters, trainable=trainable, is_main=self.world.is_main)
 
     def push_weights(self, *, force: bool = False) -> float | None:
         """Hand the policy's current weights to a sampler that keeps its own copy (vLLM), after every
@@ -427,6 +430,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 signum = distributed.all_max(stop.signum)
                 if signum:
                     self.check_run_dir()  # a directory that is no longer this run's gets no checkpoint either
+                    self.wait_for_checkpoint()  # one written in the background is on disk before the stop
                     checkpoint = find_latest(self.checkpoint_dir) if self.step == saved_step else self.save()
                     raise run_control.Interrupted(signum, self.step, checkpoint if self.world.is_main else None)
                 if self.step >= cfg.optim.steps:
@@ -438,6 +442,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                     self.stopped_early = True
                     break
                 self.threads.recheck()
+                self.checkpoint_writer.check()  # a checkpoint whose background write failed stops the run here
                 start = time.perf_counter()
                 self.set_lr()
                 metrics = self.learner.sft_step() if sft else self.learner.train_step()
@@ -450,8 +455,8 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 metrics["time/elapsed"] = self.elapsed
                 self._unsaved_metrics.append(metrics)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < cfg.optim.steps:
-                    ckpt_start = time.perf_counter()
-                    self.save()  # rank 0 writes (under --fsdp every rank writes its shards)
+                    ckpt_start = time.perf_counter()  # the loop's share: the copy (and a wait for the last write)
+                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank, now)
                     saved_step = self.step
                     metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
                 if self.world.is_main:
@@ -535,6 +540,10 @@ class TrainingRun(RunCheckpoints, RunFinish):
     def close(self) -> None:
         """Close the envs and a sampler with an engine of its own, finish the wandb run, leave the process group and
         release the run directory's lock."""
+        try:  # a run that stopped on an error still completes a checkpoint under way
+            self.wait_for_checkpoint()
+        except OSError as err:
+            logger.error("%s", err)
         self.collector.shutdown()
         close_sampler = getattr(self.sampler, "close", None)
         if close_sampler is not None:  # vLLM: its teardown needs the process group still there
