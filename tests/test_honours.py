@@ -144,7 +144,11 @@ VIOLATIONS: dict[str, dict[str, object]] = {
 """Each setting honoured only beside another, set without it."""
 
 
-@pytest.mark.parametrize("name", sorted(CONDITIONS))
+def test_every_conditional_setting_is_in_the_table():
+    assert set(CONDITIONS) == set(VIOLATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(VIOLATIONS))
 def test_a_setting_without_what_it_needs_is_refused(name):
     with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} .* is not honoured by grpo"):
         preset_config("tiny", algo="grpo", **VIOLATIONS[name])
