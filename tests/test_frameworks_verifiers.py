@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 import uuid
@@ -177,3 +178,15 @@ def test_without_the_extra_the_import_names_it(monkeypatch):
         DependencyNotInstalled, match=r"^verifiers is not installed: pip install 'redcoda\[verifiers\]'$"
     ):
         import envs.frameworks.verifiers_env  # noqa: F401
+
+
+def test_a_fresh_process_finds_the_taskset_by_its_id_alone(tmp_path):
+    """verifiers imports a taskset id as a top-level module: the installed project's ``redcoda`` is it, so a `vf eval`
+    or prime-rl worker in a new process (here: started in an empty directory) loads it by name."""
+    code = (
+        "from verifiers.v1.utils.loaders import harness_class, taskset_class; "
+        "print(taskset_class('redcoda').__name__, harness_class('redcoda').__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["RedCodaTaskset", "LocalChatHarness"]
