@@ -26,14 +26,17 @@ def sum_tensors(tensors: Sequence[torch.Tensor]) -> None:
 
 
 def global_norm(tensors: Sequence[torch.Tensor]) -> float:
-    """The L2 norm of `tensors` together; a sharded tensor (``--fsdp``) adds every rank's shard."""
-    sharded = any(hasattr(t, "to_local") for t in tensors)
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-    squares = torch.stack([t.detach().float().square().sum() for t in local]).sum() if local else torch.zeros(())
-    if sharded:
-        (total,) = all_sum(float(squares))
-        return total**0.5
-    return float(squares.sqrt())
+    """The L2 norm of `tensors` together; a sharded tensor (``--fsdp``) adds every rank's shard, a whole one (a value
+    head's, summed over the ranks already) counts once."""
+    if not any(hasattr(t, "to_local") for t in tensors):
+        squares = (
+            torch.stack([t.detach().float().square().sum() for t in tensors]).sum() if tensors else torch.zeros(())
+        )
+        return float(squares.sqrt())
+    shards = sum(float(t.to_local().detach().float().square().sum()) for t in tensors if hasattr(t, "to_local"))
+    whole = sum(float(t.detach().float().square().sum()) for t in tensors if not hasattr(t, "to_local"))
+    (total,) = all_sum(shards)
+    return (total + whole) ** 0.5
 
 
 def term_norms(
