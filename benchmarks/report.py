@@ -7,7 +7,8 @@
 
 A page holds a block between ``<!-- report:NAME ARG -->`` and ``<!-- /report -->`` (`benchmarks.report_blocks`
 names them); what is between is the block's output, and nothing else is touched. ``stats`` takes stored runs
-(``NAME`` or ``NAME:PART``, a comparison's part being ``<system>-seed<s>``), several joined by commas to mean each
+(``NAME`` or ``NAME:PART``: a trainer run's parts are ``after``, the default, and ``before``, a comparison's
+``<system>-seed<s>``), several joined by commas to mean each
 question's score over them (seeds); the difference is `envs.stats.paired_difference` (seeded BCa bootstrap) and p
 `envs.stats.paired_permutation_p`, over the questions both sides scored. Runs that predate the store hold no
 per-question results, and ``stats`` says so. The store itself: `benchmarks.results_store`.
@@ -26,7 +27,7 @@ from benchmarks.results_store import ROOT, STORE, load, mean_over
 
 PAGES = ("README.md", "docs/results/*.md")
 """The pages that hold blocks."""
-_BLOCK = re.compile(r"(<!-- report:([\w-]+)(?: ([\w.:-]+))? -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
+_BLOCK = re.compile(r"(<!-- report:([\w-]+)(?: ([\w.:,-]+))? -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
 
 def pages(root: Path = ROOT) -> list[Path]:

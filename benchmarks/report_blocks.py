@@ -10,7 +10,8 @@ from collections.abc import Callable
 from statistics import mean
 from typing import Any
 
-from benchmarks.results_store import StoredRun, load
+from benchmarks import results_store
+from benchmarks.results_store import StoredRun
 
 SYSTEM_LABELS = {
     "red_grpo": "GRPO + RED",
@@ -26,6 +27,11 @@ MAIN_JOB_SEEDS = ("main-job-validation-seed0", "main-job-validation-seed1", "mai
 HEADLINE = (("1, flat, 84 steps", "compare-cpu-flat-84"), ("1, CoDA, 66 steps", "compare-cpu-coda-66"),
             ("2, flat, 84 steps from a warm start", "compare-cpu-flat-warm"))  # fmt: skip
 """The comparison headline's rows: regime and stored comparison."""
+
+
+def load(name: str) -> StoredRun:
+    """A stored run from the store the report reads (`results_store.STORE`, looked up at each call)."""
+    return results_store.load(name, results_store.STORE)
 
 
 def p_value(p: float) -> str:
@@ -127,6 +133,34 @@ def main_job_validation(_: str = "") -> str:
     return "\n".join(lines)
 
 
+def held_out(names: str) -> str:
+    """Stored trainer runs (comma-joined names), one row each, recomputed from their per-question outcomes: EM, F1
+    and valid answers with the evaluation's intervals (`agents.evaluation.interval_method`), searches, and the
+    first-search split (questions whose first search showed the answer / did not / yes-no)."""
+    from agents.evaluation import interval_method
+    from envs.stats import mean_ci
+
+    lines = [
+        "| run | seed | steps | EM | F1 | valid answers | searches / q | first search: shown / not / yes-no |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        run = load(name)
+        after = [q for q in run.questions if q["part"] == "after"]
+        cells = []
+        for field, metric in (("em", "em"), ("f1", "f1"), ("answered", "answered"), ("searches", "num_searches")):
+            cells.append(mean_ci([q[field] for q in after], method=interval_method(metric)).format(3))
+        split = [sum(q["first_search"] == c for q in after) for c in ("shown", "not shown", "yes/no")]
+        provenance = run.header.get("provenance") or {}
+        steps = (run.header.get("summary") or {}).get("steps", len(run.metrics))
+        lines.append(
+            f"| {name} | {provenance.get('seed')} | {steps} | "
+            + " | ".join(cells)
+            + f" | {' / '.join(map(str, split))} |"
+        )
+    return "\n".join(lines)
+
+
 def headline_f1() -> tuple[float, list[int]]:
     """The README's headline: mean held-out F1 over the stored main job seeds, and those seeds."""
     runs = [load(name) for name in MAIN_JOB_SEEDS]
@@ -215,5 +249,6 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "main-job-validation": main_job_validation,
     "env-overhead": env_overhead,
     "retrieval": retrieval,
+    "held-out": held_out,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

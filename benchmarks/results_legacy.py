@@ -99,6 +99,7 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
         "recorded": evaluation.splitlines()[0],
         "provenance": {
             "command": f"python -m algos.red_grpo --seed {seed[1] if seed else 0}",
+            "command_source": "docs/results/main-job.md (run.log does not print it; the folder name gives the seed)",
             "seed": int(seed[1]) if seed else 0,
             "missing": MISSING,
         },

@@ -175,6 +175,10 @@ def ingest_comparison(out: Path, first_search: bool = True) -> list[dict[str, An
     records: list[dict[str, Any]] = [header]
     for path in sorted((out / "evals").glob("*.json")):
         records += question_records(_read_json(path), path.stem, first_search)
+    if (out / "table.md").exists():  # its tables too, as the report's blocks read a committed comparison's
+        from benchmarks.results_legacy import comparison_records
+
+        records += comparison_records(out)[1:]
     for run_dir in sorted((out / "runs").glob("*")):
         records += [{**row, "run": run_dir.name} for row in _metrics_rows(run_dir)]
     return records

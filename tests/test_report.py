@@ -40,6 +40,19 @@ def test_the_store_keeps_its_size_budget_and_holds_no_text():
             assert not TEXT_KEYS & set(record), (name, sorted(TEXT_KEYS & set(record)))
 
 
+def test_a_stored_run_of_committed_files_is_what_ingesting_them_again_gives(tmp_path):
+    """The runs ingested from files in the repository (the comparisons' tables, the main jobs' eval.md and run.log,
+    retrieval.json) re-ingest to the same bytes: the store says what those files say."""
+    again = 0
+    for name in names():
+        source = load(name).header["source"]
+        if (report.ROOT / source).exists():
+            ingest(report.ROOT / source, name, store=tmp_path)
+            assert (tmp_path / f"{name}.jsonl.gz").read_bytes() == (STORE / f"{name}.jsonl.gz").read_bytes(), name
+            again += 1
+    assert again >= 10
+
+
 def test_the_pages_hold_the_blocks_the_results_rest_on():
     found = {(p.name, name) for p in report.pages() for _, name, *_ in report._BLOCK.findall(p.read_text())}
     for page, block in [("README.md", "readme-results"), ("main-job.md", "main-job-validation"),
@@ -105,6 +118,21 @@ def test_an_ingested_run_keeps_its_questions_metrics_and_provenance_and_pairs_by
     assert got["p"] == pytest.approx(paired_permutation_p(a, b))
     seeds = report.paired_stats("run-a,run-b", "run-b", store=store)  # two seeds, averaged per question
     assert seeds["difference"] == pytest.approx(sum(a) / 16 - sum(b) / 16)
+
+
+def test_the_held_out_block_is_recomputed_from_the_stored_questions(tmp_path, monkeypatch):
+    from agents.evaluation import interval_method
+    from benchmarks import report_blocks, results_store
+    from envs.stats import mean_ci
+
+    f1 = [1.0, 0.5, 0.0, 0.25]
+    ingest(_run_dir(tmp_path, "a", f1), "run-a", first_search=False, store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, changed = report.rebuilt("<!-- report:held-out run-a -->\n<!-- /report -->\n", "page.md")
+    row = text.splitlines()[3]
+    assert changed == ["page.md: held-out run-a"] and row.startswith("| run-a | 3 | 2 | ")
+    assert mean_ci(f1, method=interval_method("f1")).format(3) in row and row.endswith("| 0 / 0 / 1 |")
+    assert report_blocks.BLOCKS["held-out"]("run-a") in text
 
 
 def test_stats_refuses_runs_without_per_question_results():
