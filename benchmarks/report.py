@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.report_blocks import BLOCKS
-from benchmarks.results_store import ROOT, STORE, load, mean_over
+from benchmarks.results_store import ROOT, STORE, paired_stats
 
 PAGES = ("README.md", "docs/results/*.md")
 """The pages that hold blocks."""
-_BLOCK = re.compile(r"(<!-- report:([\w-]+)(?: ([\w.:,-]+))? -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
+_BLOCK = re.compile(r"(<!-- report:([\w-]+)(?: ([\w.:, -]+?))? -->\n)(.*?)(<!-- /report -->)", re.DOTALL)
 
 
 def pages(root: Path = ROOT) -> list[Path]:
@@ -61,35 +61,6 @@ def build(check: bool, root: Path = ROOT) -> list[str]:
         if changed and not check:
             page.write_text(new, encoding="utf-8")
     return differing
-
-
-def paired_stats(a: str, b: str, metric: str = "f1", store: Path = STORE) -> dict[str, float | int]:
-    """`a` - `b` by question (each side a comma-joined list of ``NAME[:PART]``, averaged per question)."""
-    from envs.stats import paired_difference, paired_permutation_p
-
-    sides = []
-    for side in (a, b):
-        runs, parts = [], []
-        for item in side.split(","):
-            name, _, part = item.partition(":")
-            run = load(name, store)
-            if not run.questions:
-                raise SystemExit(f"{name}: the store holds no per-question results for it (it predates the store)")
-            runs.append(run)
-            parts.append(part or "after")
-        sides.append(mean_over(runs, metric, parts))
-    questions = sorted(set(sides[0]) & set(sides[1]))
-    if not questions:
-        raise SystemExit(f"{a} and {b} share no scored question")
-    x, y = [sides[0][q] for q in questions], [sides[1][q] for q in questions]
-    difference = paired_difference(x, y)
-    return {
-        "n": len(questions),
-        "difference": difference.mean,
-        "low": difference.low,
-        "high": difference.high,
-        "p": paired_permutation_p(x, y),
-    }
 
 
 def _parser() -> argparse.ArgumentParser:

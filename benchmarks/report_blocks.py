@@ -161,6 +161,35 @@ def held_out(names: str) -> str:
     return "\n".join(lines)
 
 
+def evaluations(names: str) -> str:
+    """Stored `benchmarks.evaluate` results (comma-joined names), one row each: the agent and the means over its
+    questions of EM, F1, format, searches and invalid actions, recomputed from the stored per-question outcomes."""
+    lines = [
+        "| agent | questions | EM | F1 | format | searches / q | invalid actions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        run = load(name)
+        after = [q for q in run.questions if q["part"] == "after"]
+        means = [mean(q[f] for q in after) for f in ("em", "f1", "format", "searches", "invalid_actions")]
+        cells = [f"{m:.3f}" for m in means[:3]] + [f"{means[3]:.2f}", f"{means[4]:.3f}"]
+        lines.append(f"| {run.header['agent']} | {len(after)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_stats(arguments: str) -> str:
+    """``A B [METRIC ...]``: `benchmarks.report stats` between two stored runs or sets of seeds, one row a metric."""
+    a, b, *metrics = arguments.split()
+    lines = ["| paired by question | metric | difference [95% CI] | p | questions |", "|---|---|---|---|---|"]
+    for metric in metrics or ["f1"]:
+        got = results_store.paired_stats(a, b, metric, results_store.STORE)
+        lines.append(
+            f"| {a} - {b} | {metric} | {got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}] | "
+            f"{p_value(got['p'])} | {got['n']} |"
+        )
+    return "\n".join(lines)
+
+
 def headline_f1() -> tuple[float, list[int]]:
     """The README's headline: mean held-out F1 over the stored main job seeds, and those seeds."""
     runs = [load(name) for name in MAIN_JOB_SEEDS]
@@ -250,5 +279,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "env-overhead": env_overhead,
     "retrieval": retrieval,
     "held-out": held_out,
+    "evaluations": evaluations,
+    "stats": paired_stats,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

@@ -32,6 +32,7 @@ QUESTION_FIELDS = {
     "em": "em",
     "f1": "f1",
     "answered": "answered",
+    "format": "format",
     "searches": "num_searches",
     "tasks": "num_tasks",
     "invalid_actions": "invalid_actions",
@@ -219,3 +220,32 @@ def mean_over(runs: Sequence[StoredRun], metric: str, parts: Sequence[str] | str
     scores = [run.question_scores(metric, part) for run, part in zip(runs, parts, strict=True)]
     common = set.intersection(*(set(s) for s in scores)) if scores else set()
     return {q: sum(s[q] for s in scores) / len(scores) for q in sorted(common)}
+
+
+def paired_stats(a: str, b: str, metric: str = "f1", store: Path = STORE) -> dict[str, float | int]:
+    """`a` - `b` by question (each side a comma-joined list of ``NAME[:PART]``, averaged per question)."""
+    from envs.stats import paired_difference, paired_permutation_p
+
+    sides = []
+    for side in (a, b):
+        runs, parts = [], []
+        for item in side.split(","):
+            name, _, part = item.partition(":")
+            run = load(name, store)
+            if not run.questions:
+                raise SystemExit(f"{name}: the store holds no per-question results for it (it predates the store)")
+            runs.append(run)
+            parts.append(part or "after")
+        sides.append(mean_over(runs, metric, parts))
+    questions = sorted(set(sides[0]) & set(sides[1]))
+    if not questions:
+        raise SystemExit(f"{a} and {b} share no scored question")
+    x, y = [sides[0][q] for q in questions], [sides[1][q] for q in questions]
+    difference = paired_difference(x, y)
+    return {
+        "n": len(questions),
+        "difference": difference.mean,
+        "low": difference.low,
+        "high": difference.high,
+        "p": paired_permutation_p(x, y),
+    }

@@ -100,7 +100,9 @@ def _run_dir(root: Path, name: str, f1: list[float]) -> Path:
     return run_dir
 
 
-def test_an_ingested_run_keeps_its_questions_metrics_and_provenance_and_pairs_by_question(tmp_path):
+def test_an_ingested_run_keeps_its_questions_metrics_and_provenance_and_pairs_by_question(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
     store = tmp_path / "store"
     a = [1.0, 0.5, 0.0, 1.0, 0.8, 0.2, 1.0, 0.0]
     b = [0.0, 0.5, 0.0, 0.5, 0.8, 0.0, 1.0, 0.0]
@@ -118,6 +120,12 @@ def test_an_ingested_run_keeps_its_questions_metrics_and_provenance_and_pairs_by
     assert got["p"] == pytest.approx(paired_permutation_p(a, b))
     seeds = report.paired_stats("run-a,run-b", "run-b", store=store)  # two seeds, averaged per question
     assert seeds["difference"] == pytest.approx(sum(a) / 16 - sum(b) / 16)
+    monkeypatch.setattr(results_store, "STORE", store)  # the same numbers as a page's block
+    text, _ = report.rebuilt("<!-- report:stats run-a run-b f1 em -->\n<!-- /report -->\n", "page.md")
+    f1_row, em_row = text.splitlines()[3:5]
+    interval = f"{got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}]"
+    assert f1_row == f"| run-a - run-b | f1 | {interval} | {got['p']:.2g} | 8 |"
+    assert em_row.startswith("| run-a - run-b | em | ")
 
 
 def test_the_held_out_block_is_recomputed_from_the_stored_questions(tmp_path, monkeypatch):
@@ -133,6 +141,20 @@ def test_the_held_out_block_is_recomputed_from_the_stored_questions(tmp_path, mo
     assert changed == ["page.md: held-out run-a"] and row.startswith("| run-a | 3 | 2 | ")
     assert mean_ci(f1, method=interval_method("f1")).format(3) in row and row.endswith("| 0 / 0 / 1 |")
     assert report_blocks.BLOCKS["held-out"]("run-a") in text
+
+
+def test_an_evaluation_result_is_stored_and_its_row_recomputed(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    result = {"agent": "rag", "n": 4, **_evaluation([1.0, 0.5, 0.0, 0.0])}
+    result["predictions"][1].update(format=0.5, num_searches=3, invalid_actions=1)
+    for p in result["predictions"]:
+        p.setdefault("format", 1.0)
+    (tmp_path / "rag.json").write_text(json.dumps(result))
+    ingest(tmp_path / "rag.json", "rag", first_search=False, store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, _ = report.rebuilt("<!-- report:evaluations rag -->\n<!-- /report -->\n", "page.md")
+    assert "| rag | 4 | 0.250 | 0.375 | 0.875 | 1.50 | 0.250 |" in text
 
 
 def test_stats_refuses_runs_without_per_question_results():
