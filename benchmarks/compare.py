@@ -75,6 +75,7 @@ from benchmarks.compare_runs import (
     train_command,
     warm_start,
 )
+from envs.provenance import provenance
 
 __all__ = [
     "ALGOS",
@@ -441,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "seeds": args.seeds,
         "machine": machine,
         "code": code_version(),
+        "provenance": provenance(seed=None, command=command),
         "wall_time_s": wall,
         "rows": got.rows,
         "paired": paired,

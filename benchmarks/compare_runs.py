@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.compare_checks import jsonable
+from envs.provenance import provenance
 
 ALGOS = ("grpo", "grpo_sft", "red_grpo")
 """The algorithms a comparison trains by default. A system may name any registered algorithm (`algos.registry`):
@@ -215,6 +216,7 @@ def train(
             "final_model": str(run_dir / "final"),
             "code": _trained_code(run_dir),
             "config": _trained_config(run_dir),
+            "provenance": _read_provenance(run_dir),
         }
         done.write_text(json.dumps(summary, indent=2))
         if (run_dir / "final").exists():  # finished: the final model is what is evaluated, nothing left to resume
@@ -317,6 +319,12 @@ def _train_warm_start(claim: IO[str], warm: Path, budget: Budget, args: argparse
     run_holding(claim, cmd)
 
 
+def _read_provenance(run_dir: Path) -> dict[str, Any] | None:
+    """The provenance the trainer wrote (`algos.run.outputs.write_provenance`; None for a run that predates it)."""
+    path = run_dir / "provenance.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def _trained_config(run_dir: Path) -> dict[str, Any] | None:
     """The trainer config a run recorded in its newest checkpoint (None without one)."""
     states = sorted((run_dir / "checkpoints").glob("step_*/state.json"))
@@ -417,6 +425,9 @@ def evaluate_run(
             return found
         held_out = held_out_config(budget, config).with_values(progress=True)
         result = {**score_held_out(model, held_out, max_error_rate=max_error_rate), "key": key}
+        env_kwargs = result["settings"]["env_kwargs"]
+        weights = model if isinstance(model, str) else None
+        result["provenance"] = provenance(seed=result["settings"]["seed"], env_kwargs=env_kwargs, model=weights)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, ensure_ascii=False))
         os.replace(tmp, target)

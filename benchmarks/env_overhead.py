@@ -1,6 +1,6 @@
 """How much of a search step is the env's own work (parsing, formatting, reward) rather than retrieval.
 
-    python -m benchmarks.env_overhead [--steps 300] [--top-k 3] [--server-envs 16 --server-turns 12]
+    python -m benchmarks.env_overhead [--steps 300] [--top-k 3] [--server-envs 16 --server-turns 12] [--json OUT]
 
 Runs real search steps (`env.step("<think>..</think><search>q</search>")`, BM25 over the bundled corpus,
 queries = HotpotQA dev questions, no query cache) and, in the same run, the retriever's `search(q, k)`
@@ -12,12 +12,15 @@ With ``--server-envs N`` it then starts a local retrieval server (``python -m re
 bundled corpus) and steps N envs together for ``--server-turns`` turns, each env searching a different dev
 question per turn, two ways, interleaved: every env searching on its own (``query_cache=0``: N requests per turn),
 and the batched way of the agents' rollouts (`envs.batching.prefetch_searches`: one request per turn, the envs'
-own searches answered from the shared cache). It prints both medians per turn and their ratio.
+own searches answered from the shared cache). It prints both medians per turn and their ratio. ``--json OUT`` also
+writes the figures with their provenance (`envs.provenance`), which `python -m benchmarks.report ingest` stores.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -27,6 +30,7 @@ import gymnasium as gym
 import envs  # noqa: F401  (registers the ids)
 from envs.data import load_examples
 from envs.rag_env import LIMIT_CAPS
+from retrievers.base import clean_query
 
 MAX_TURNS = LIMIT_CAPS["max_turns"]
 """Turns per episode: the most the env allows, so that measured steps are searches; an episode that reaches it is
@@ -56,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--server-envs", type=int, default=0, help="envs per turn against a local server (0: skip)")
     parser.add_argument("--server-turns", type=int, default=12, help="measured turns of the server comparison")
+    parser.add_argument("--json", default=None, help="also write the figures and their provenance to this file")
     args = parser.parse_args(argv)
     limits = (("--steps", 1), ("--top-k", 1), ("--server-envs", 0), ("--server-turns", 1))
     for flag, low in limits:
@@ -73,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         retriever.search(q, args.top_k)
 
     env.reset(seed=0)
-    step_times, search_times, shares = [], [], []
+    step_times, search_times, shares, own = [], [], [], []
     for i, q in enumerate(queries):
         if i and i % MAX_TURNS == 0:  # the episode's last turn was taken: a new one, outside the timings
             env.reset()
@@ -94,20 +99,73 @@ def main(argv: Sequence[str] | None = None) -> None:
             t2 = time.perf_counter()
             step_times.append(t1 - t0)
             search_times.append(t2 - t1)
-        shares.append(max(step_times[-1] - timed.last, 0.0) / step_times[-1])
+        own.append(max(step_times[-1] - timed.last, 0.0))
+        shares.append(own[-1] / step_times[-1])
 
+    passages = {clean_query(q): retriever.search(clean_query(q), args.top_k) for q in dict.fromkeys(queries)}
+    free = _steps_without_retrieval(env, queries, passages)
     step, search = statistics.median(step_times), statistics.median(search_times)
     print(f"queries: {len(queries)} HotpotQA dev questions, top_k={args.top_k}, BM25 (Pyserini), bundled corpus")
     print(f"median env.step(<search>)        : {step * 1e3:8.3f} ms")
     print(f"median retriever.search alone    : {search * 1e3:8.3f} ms")
     print(f"ratio step / search              : {step / search:8.3f}")
     print(f"env's own share, inside each step: {statistics.median(shares):8.1%}  (median; target <= 5%)")
+    print(f"env's own time, inside each step : {statistics.median(own) * 1e6:8.1f} us (median)")
+    print(f"a step, retrieval a dict lookup  : {free * 1e6:8.1f} us (median; the env's work with warm caches)")
+    result = {
+        "kind": "env_overhead",
+        "steps": len(queries),
+        "top_k": args.top_k,
+        "step_ms": step * 1e3,
+        "search_ms": search * 1e3,
+        "env_share": statistics.median(shares),
+        "env_us": statistics.median(own) * 1e6,
+        "env_us_lookup": free * 1e6,
+        "load_average": os.getloadavg()[0],
+    }
     if args.server_envs > 0:
-        server_comparison(args.server_envs, args.server_turns, args.top_k)
+        result["server"] = server_comparison(args.server_envs, args.server_turns, args.top_k)
+    if args.json:
+        from envs.provenance import provenance
+
+        result["provenance"] = provenance(seed=None, env_kwargs={"split": "dev", "top_k": args.top_k})
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
 
 
-def server_comparison(num_envs: int, turns: int, top_k: int) -> None:
-    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server."""
+class _Lookup:
+    """A retriever that answers from a dict of passages already retrieved: a step's cost without the search's."""
+
+    def __init__(self, passages) -> None:
+        self.passages = passages
+
+    def search(self, query, k):
+        return self.passages[query]
+
+    def batch_search(self, queries, k):
+        return [self.passages[q] for q in queries]
+
+
+def _steps_without_retrieval(env, queries, passages) -> float:
+    """The median `env.step(<search>)` over `queries` with retrieval a lookup in `passages` (the env restored)."""
+    inner, env.retriever = env.retriever, _Lookup(passages)
+    times = []
+    try:
+        env.reset(seed=0)
+        for i, q in enumerate(queries):
+            if i and i % MAX_TURNS == 0:
+                env.reset()
+            start = time.perf_counter()
+            env.step(f"<think>look it up</think><search>{q}</search>")
+            times.append(time.perf_counter() - start)
+    finally:
+        env.retriever = inner
+    return statistics.median(times)
+
+
+def server_comparison(num_envs: int, turns: int, top_k: int) -> dict[str, float]:
+    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server; returns
+    the envs, turns and both median turns in ms."""
     import socket
     import subprocess
     import sys
@@ -169,6 +227,7 @@ def server_comparison(num_envs: int, turns: int, top_k: int) -> None:
     print(f"median turn, each env its own request ({num_envs} requests): {alone_turn * 1e3:8.1f} ms")
     print(f"median turn, one batched request                   : {batched_turn * 1e3:8.1f} ms")
     print(f"ratio own / batched                                : {alone_turn / batched_turn:8.2f}")
+    return {"envs": num_envs, "turns": turns, "alone_ms": alone_turn * 1e3, "batched_ms": batched_turn * 1e3}
 
 
 if __name__ == "__main__":

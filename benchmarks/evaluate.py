@@ -48,6 +48,7 @@ from agents.evaluation import (
     evaluate,
     interval_caption,
 )
+from envs.provenance import provenance
 from envs.rag_env import LIMIT_CAPS
 from envs.stats import Interval
 from retrievers.files import OneLineParser, output_problem
@@ -326,7 +327,9 @@ def _report(args: argparse.Namespace, target: _Target, result: dict[str, Any]) -
             "max_new_tokens": target.max_new_tokens,
             "seed": args.seed,
         }
-        Path(args.result).write_text(json.dumps({**result, "settings": settings}, default=str))
+        model = args.model if args.model and Path(args.model).is_dir() else result["model"]
+        record = provenance(seed=args.seed, env_kwargs=env_kwargs, model=model)
+        Path(args.result).write_text(json.dumps({**result, "settings": settings, "provenance": record}, default=str))
         print(f"wrote the result to {args.result}")
 
 

@@ -537,17 +537,17 @@ class RAGEnv(BuiltInWorker, gym.Env[str, str]):
         episode.num_searches += 1
         # what this search brought that the episode had not seen: the per-search credit of a trainer (StepSearch's
         # information gain, David-GRPO's repeated-query rule) reads it here, so the env stays the one judge of evidence
-        seen = {t.strip().lower() for t in episode.retrieved_titles}
         gold = {t.strip().lower() for t in episode.example.gold_titles}
         titles = [p.title for p in passages]
+        found = {t.strip().lower() for t in titles}
         normalized = " ".join(normalize_answer(query).split())
         info["doc_ids"] = [p.doc_id for p in passages]
         info["titles"] = titles
-        info["new_gold_titles"] = len({t.strip().lower() for t in titles} & gold - seen)
+        info["new_gold_titles"] = len(found & gold - episode.retrieved_titles)
         info["gold_titles_total"] = len(gold)
         info["repeated_query"] = normalized in episode.queries
         episode.queries.add(normalized)
-        episode.retrieved_titles.update(titles)
+        episode.retrieved_titles |= found  # kept as compared: rebuilding it each search cost a long episode its length
         if self.observation_format == "search_r1":
             return protocol.format_passages_search_r1(passages)
         return protocol.format_passages(passages, self.max_passage_words)

@@ -27,13 +27,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = frozenset(string.punctuation)
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _SPECIAL = ("yes", "no", "noanswer")
 
 
 def normalize_answer(text: str) -> str:
     """Official HotpotQA/SQuAD normalization: lower, strip punctuation, drop articles, fix whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = text.lower().translate(_DROP_PUNCTUATION)  # the official per-character filter, in one C pass
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 

@@ -40,12 +40,22 @@ def tiny_dir(tmp_path_factory) -> Path:
     return path
 
 
-def test_env_overhead_steps_searches(capsys):
+def test_env_overhead_steps_searches(capsys, tmp_path, monkeypatch):
+    """It prints and, with --json, writes its figures with their provenance, which the store ingests and a page's
+    env-overhead block shows."""
+    from benchmarks import report, results_store
     from benchmarks.env_overhead import main
 
-    main(["--steps", "3"])
+    main(["--steps", "3", "--json", str(tmp_path / "overhead.json")])
     out = capsys.readouterr().out
     assert "queries: 3 HotpotQA dev questions" in out and "env's own share, inside each step" in out
+    written = json.loads((tmp_path / "overhead.json").read_text())
+    assert written["steps"] == 3 and 0 <= written["env_share"] <= 1 and written["env_us_lookup"] > 0
+    assert written["provenance"]["data"]["questions"]["file"] == "bundled:hotpotqa/dev"
+    results_store.ingest(tmp_path / "overhead.json", "overhead", store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, _ = report.rebuilt("<!-- report:env-overhead overhead -->\n<!-- /report -->\n", "page.md")
+    assert f"| {written['env_share']:.1%} (target <= 5%) |" in text
 
 
 def test_rollout_measures_a_coda_rollout_against_plain_sampling(tiny_dir, one_torch_thread):

@@ -84,6 +84,19 @@ def test_compare_runs_end_to_end_and_resumes(tmp_path, monkeypatch, capsys):
     without = next(t for t in report["paired"] if t["other"] == "grpo" and t["metric"] == "f1 without yes/no")
     assert without["questions"] == 4  # dev 0-3: no yes/no question among them, so the same test
     assert {t["other"] for t in report["paired"]} == {"grpo", "start model"}
+    # the provenance of the report, each run and each evaluation; ingested, the store pairs the same way
+    assert report["provenance"]["machine"]["cores"] >= 1 and report["provenance"]["packages"]["torch"]
+    run_record = json.loads((out / "runs" / "red_grpo-seed0" / "summary.json").read_text())["provenance"]
+    assert run_record["seed"] == 0 and run_record["model"]["hash"] and run_record["data"]["corpus"]["hash"]
+    assert evals["grpo-seed0"]["provenance"]["data"]["questions"]["hash"]
+    from benchmarks.report import paired_stats
+    from benchmarks.results_store import ingest, load
+
+    ingest(out, "cmp", first_search=False, store=tmp_path / "store")
+    seeds = "cmp:{0}-seed0,cmp:{0}-seed1"
+    stored = paired_stats(seeds.format("red_grpo"), seeds.format("grpo"), store=tmp_path / "store")
+    assert stored["difference"] == pytest.approx(test["difference"]) and stored["p"] == pytest.approx(test["p"])
+    assert {r["table"] for r in load("cmp", tmp_path / "store").rows} == {"systems", "paired", "runs"}
     red_rows = [json.loads(x) for x in (out / "runs" / "red_grpo-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(red_rows) == 2 and "red/final_weight" in red_rows[-1]
     # a finished run keeps its final model and drops its checkpoint (1.6 GB for SmolLM2-135M): nothing to resume

@@ -62,6 +62,9 @@ def test_the_command_line_scores_a_slice_and_writes_the_whole_result(tiny, tmp_p
     written = json.loads(path.read_text())
     assert [p["index"] for p in written["predictions"]] == [2, 3] and written["n"] == 2
     assert written["settings"]["agent"] == "coda" and "split" in written["settings"]["env_kwargs"]
+    record = written["provenance"]  # envs.provenance: the model directory and the dev questions hashed
+    assert record["seed"] == 0 and record["model"]["hash"]
+    assert record["data"]["questions"]["file"] == "bundled:hotpotqa/dev"
     with pytest.raises(SystemExit) as stop:
         evaluate_main(["--agent", "coda", "--first", "2"])
     assert stop.value.code == 2

@@ -149,3 +149,29 @@ def test_the_card_names_the_base_model_and_says_when_no_evaluation_ran(tmp_path)
     assert "coda" in card.data.tags  # the cpu preset trains the CoDA agent
     assert card.data.eval_results is None and "model-index" not in card.content  # no evaluation: no model-index
     assert "did not run" in card.text
+
+
+def test_the_run_records_its_provenance_and_the_store_ingests_it(finished_run, tmp_path):
+    """provenance.json (run directory and final/), eval.json and the summary name the code, machine, seed and the
+    hashes of the data and final weights; the card shows them; `benchmarks.report ingest` stores the run."""
+    from benchmarks.results_store import ingest, load
+    from envs.data import bundled_path
+    from envs.provenance import file_hash
+
+    run_dir, summary, _ = finished_run
+    record = json.loads((run_dir / "provenance.json").read_text())
+    assert record == json.loads((run_dir / "final" / "provenance.json").read_text())
+    assert record["seed"] == 0 and record["code"]["commit"] and record["machine"]["cores"] >= 1
+    assert record["model"]["model"] == str(run_dir / "final") and record["model"]["hash"]
+    assert record["data"]["held_out_questions"]["file"] == "bundled:hotpotqa/dev"
+    assert record["data"]["corpus"]["hash"] == file_hash(bundled_path("hotpotqa", "corpus"))
+    assert summary["provenance"]["model"]["hash"] == record["model"]["hash"]
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert evaluation["provenance"]["data"] == record["data"]
+    card = (run_dir / "final" / CARD_FILE).read_text()
+    assert "## Provenance" in card and record["model"]["hash"] in card
+    ingest(run_dir, "tiny", first_search=False, store=tmp_path)
+    stored = load("tiny", tmp_path)
+    assert stored.header["provenance"] == record
+    after = {str(p["id"]): p["f1"] for p in evaluation["after"]["predictions"]}
+    assert stored.question_scores("f1") == after and len(stored.metrics) == summary["steps"]

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -185,6 +186,15 @@ def _metrics(predictions: list[dict[str, Any]], agent: str) -> dict[str, dict[st
     return {name: interval.as_dict() for name, interval in metric_intervals(predictions, names).items()}
 
 
+def run_provenance(config: Any, model: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The run's provenance (`envs.provenance`): its command, code, packages, machine, seed, the hashes of its
+    training and held-out questions, corpus and index settings, and of `model` (final/ once written)."""
+    from envs.provenance import provenance
+
+    held_out = held_out_settings(config)["env_kwargs"]
+    return provenance(seed=config.run.seed, env_kwargs=config.env_kwargs, model=model, held_out_kwargs=held_out)
+
+
 def _starting_model_cache(config: Any) -> Path:
     from retrievers.corpus import cache_root
 
@@ -246,6 +256,7 @@ def before_after(run: _Run) -> dict[str, Any]:
     )
     result = {"settings": held_out_settings(config), "before": before, "after": after, "table": table}
     result["first_search"] = numbers["after (trained)"]
+    result["provenance"] = run_provenance(config, run.run_dir / "final")  # the weights scored, once written
     _write_json(run.run_dir / "eval.json", result)
     (run.run_dir / "eval.md").write_text(table + "\n", encoding="utf-8")
     return result

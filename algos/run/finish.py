@@ -26,6 +26,7 @@ import numpy as np
 from algos import distributed
 from algos.checkpoints.store import writing
 from algos.run import outputs
+from algos.run.evaluation import run_provenance
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ class RunFinish:
     ) -> None:
         """Rank 0, at the end: final/'s card with the held-out table, the run config beside metrics.jsonl, the
         end-of-run wandb tables and images, and the upload to ``--push-to-hub``."""
-        outputs.describe_final_model(final, self.config, self.step, evaluation, validation)
+        record = run_provenance(self.config, final)
+        outputs.describe_final_model(final, self.config, self.step, evaluation, validation, record)
         outputs.write_run_config(self.config, self.run_dir)
+        outputs.write_provenance(record, self.run_dir)
         if self._wandb is not None:
             import wandb
 
@@ -103,7 +106,8 @@ class RunFinish:
                 logger.info("uploaded %s to the Hugging Face Hub: %s", final, url)
 
     def summary(self, checkpoint: Path, final: Path) -> dict[str, Any]:
-        """Steps, wall time, first vs last steps' reward and F1 (from metrics.jsonl), where things are."""
+        """Steps, wall time, first vs last steps' reward and F1 (from metrics.jsonl), where things are, and the run's
+        provenance (`evaluation.run_provenance`: command, code, packages, machine, seed, data and weight hashes)."""
         rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
         k = max(1, min(10, len(rows) // 4))
         first, last = rows[:k], rows[-k:]
@@ -124,6 +128,7 @@ class RunFinish:
             "final_model": str(final),
             "metrics": str(self.metrics_path),
             "run_dir": str(self.run_dir),
+            "provenance": run_provenance(self.config, final),
         }
 
 

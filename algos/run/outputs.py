@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "redcoda_config.json"
 """The run's settings, in final/ and in the run directory."""
+PROVENANCE_FILE = "provenance.json"
+"""Where the run's results come from (`algos.run.evaluation.run_provenance`), in the run directory and in final/."""
 CARD_FILE = "README.md"
 """The model card, in final/."""
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -70,6 +72,13 @@ def write_run_config(config: Any, directory: str | os.PathLike[str]) -> Path:
     """Write ``redcoda_config.json`` (every field of `config`) into `directory`."""
     path = Path(directory) / CONFIG_FILE
     path.write_text(json.dumps(config_values(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def write_provenance(record: dict[str, Any], directory: str | os.PathLike[str]) -> Path:
+    """Write ``provenance.json`` (`algos.run.evaluation.run_provenance`'s record) into `directory`."""
+    path = Path(directory) / PROVENANCE_FILE
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
@@ -183,6 +192,7 @@ def model_card(
     steps: int,
     evaluation: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> ModelCard:
     """A run's final model card: a `huggingface_hub.ModelCard` (metadata, then Markdown).
 
@@ -195,6 +205,7 @@ def model_card(
         steps: the training steps the run took.
         evaluation: `evaluation.before_after`'s result, when the held-out evaluation ran (its table goes in).
         validation: `evaluation.select_checkpoint`'s result, when the final model was chosen among checkpoints.
+        provenance: `algos.run.evaluation.run_provenance`'s record (its section says where the numbers come from).
     """
     entry = algorithm(config.run.algo)
     algo = entry.title
@@ -242,6 +253,7 @@ def model_card(
         "",
         *_evaluation_lines(evaluation, validation, started),
         "",
+        *_provenance_lines(provenance),
         "Re-score it in the same env: `python -m benchmarks.evaluate --run-dir RUN_DIR` (or `--model` this directory",
         f"and `--config {CONFIG_FILE}`).",
         "",
@@ -286,6 +298,28 @@ def _evaluation_lines(evaluation: dict[str, Any] | None, validation: dict[str, A
     return lines
 
 
+def _provenance_lines(record: dict[str, Any] | None) -> list[str]:
+    """The model card's provenance section (none without a record): code, machine, packages, hashes, seed."""
+    if record is None:
+        return []
+    code, host, data = record["code"], record["machine"], record["data"]
+    gpu = ", ".join(f"{g['name']} (driver {g['driver']})" for g in host["gpu"] or []) or "none"
+    rows = {
+        "command": f"`{record['command']}`",
+        "code": f"{code['commit']}{' with uncommitted changes' if code['dirty'] else ''}",
+        "seed": record["seed"],
+        "machine": f"{host['cpu']}, {host['cores']} cores; GPU: {gpu}",
+        "packages": ", ".join(f"{k} {v}" for k, v in record["packages"].items()),
+        "training questions (sha256/16)": data["questions"]["hash"],
+        "held-out questions": (data.get("held_out_questions") or {}).get("hash"),
+        "corpus": data["corpus"]["hash"],
+        "index settings": data["index_settings_hash"],
+        "final weights": record["model"]["hash"],
+    }
+    table = [f"| {key} | {html.escape(str(value))} |" for key, value in rows.items()]
+    return ["## Provenance", "", "| field | value |", "|---|---|", *table, "", f"All of it: `{PROVENANCE_FILE}`.", ""]
+
+
 def make_readable(directory: str | os.PathLike[str]) -> None:
     """Give `directory`'s tree the modes of an ordinary download: directories 0755, files 0644.
 
@@ -304,11 +338,15 @@ def describe_final_model(
     steps: int,
     evaluation: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> None:
-    """Write the model card and the run config into final/ (again after the evaluation) and make it readable."""
+    """Write the model card and the run config (and the provenance, when given) into final/ (again after the
+    evaluation) and make it readable."""
     directory = Path(directory)
     write_run_config(config, directory)
-    model_card(config, steps, evaluation, validation).save(directory / CARD_FILE)
+    if provenance is not None:
+        write_provenance(provenance, directory)
+    model_card(config, steps, evaluation, validation, provenance).save(directory / CARD_FILE)
     make_readable(directory)
 
 

@@ -83,8 +83,9 @@ job's preset (SmolLM2-135M) for 10 steps, without the 100-question evaluation.""
 
 TIME_PREFIXES = ("time/", "memory/")
 """Keys dropped from a metrics row by prefix: wall-clock seconds of the step's parts, GPU peak memory."""
-TIME_KEYS = frozenset({"tokens/s", "tokens/s_generation", "wall_s"})
-"""Keys dropped by name: throughputs (tokens per second of compute) and eval.json's seconds per evaluation."""
+TIME_KEYS = frozenset({"tokens/s", "tokens/s_generation", "wall_s", "provenance"})
+"""Keys dropped by name: throughputs (tokens per second of compute), eval.json's seconds per evaluation and its
+provenance (the commit and machine differ between the trees compared, by design)."""
 PARTS = ("metrics", "keys", "weights", "eval")
 """The hashed parts of a run, each compared on its own."""
 

@@ -1,0 +1,285 @@
+"""The blocks `benchmarks.report` writes into README.md and docs/results/*.md, each made from the results store.
+
+A block is a function of the store and its argument that returns Markdown; a page holds it between
+``<!-- report:NAME ARG -->`` and ``<!-- /report -->``. `BLOCKS` names them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from statistics import mean
+from typing import Any
+
+from benchmarks import results_store
+from benchmarks.results_store import StoredRun
+
+SYSTEM_LABELS = {
+    "red_grpo": "GRPO + RED",
+    "grpo_sft": "GRPO + fixed SFT, 0.1",
+    "grpo_sft:sft_coef=0.4": "GRPO + fixed SFT, 0.4",
+    "grpo": "GRPO alone",
+    "sft": "SFT alone",
+}
+"""How the pages name a comparison's systems."""
+MAIN_JOB_SEEDS = ("main-job-validation-seed0", "main-job-validation-seed1", "main-job-validation-seed2",
+                  "main-job-validation-seed3")  # fmt: skip
+"""The stored main job runs behind the headline: the preset with a validation choice, seeds 0-3, dev 0-99."""
+HEADLINE = (("1, flat, 84 steps", "compare-cpu-flat-84"), ("1, CoDA, 66 steps", "compare-cpu-coda-66"),
+            ("2, flat, 84 steps from a warm start", "compare-cpu-flat-warm"))  # fmt: skip
+"""The comparison headline's rows: regime and stored comparison."""
+
+
+def load(name: str) -> StoredRun:
+    """A stored run from the store the report reads (`results_store.STORE`, looked up at each call)."""
+    return results_store.load(name, results_store.STORE)
+
+
+def p_value(p: float) -> str:
+    """A p-value as the pages print it: two significant digits."""
+    return f"{p:.2g}"
+
+
+def _mean(cell: Any) -> float:
+    return cell["mean"] if isinstance(cell, dict) else float(cell)
+
+
+def _interval(cell: Any) -> str:
+    if isinstance(cell, dict):
+        return f"{cell['mean']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
+    return f"{float(cell):.3f}"
+
+
+def _diff(cell: Any) -> str:
+    return f"{cell['mean']:+.3f} [{cell['low']:+.3f}, {cell['high']:+.3f}]"
+
+
+def _rows(run: StoredRun, table: str) -> list[dict[str, Any]]:
+    return [r for r in run.rows if r["table"] == table]
+
+
+def paired_row(run: StoredRun, comparison: str, metric: str = "f1") -> dict[str, Any] | None:
+    """One recorded paired row of a stored comparison (None when it has none)."""
+    return next((r for r in _rows(run, "paired") if r["comparison"] == comparison and r["metric"] == metric), None)
+
+
+def systems(name: str) -> str:
+    """A stored comparison's systems: EM, F1 with its interval across seeds and each seed's, valid answers, searches."""
+    run = load(name)
+    per_seed: dict[str, list[float]] = {}
+    for row in _rows(run, "runs"):
+        per_seed.setdefault(row["run"].rsplit("-seed", 1)[0], []).append(row["F1"])
+    lines = [
+        "| system | EM | F1 [95% CI across seeds] (per seed) | valid answers | searches / q |",
+        "|---|---|---|---|---|",
+    ]
+    for row in _rows(run, "systems"):
+        algo = row["algorithm"]
+        label = SYSTEM_LABELS.get(algo, "the start model, no RL" if "start model" in algo else algo)
+        seeds = ", ".join(f"{f:.3f}" for f in per_seed.get(algo, []))
+        f1 = _interval(row["F1"]) + (f" ({seeds})" if seeds else "")
+        valid = f"{_mean(row['valid answers']):.3f}" if "valid answers" in row else "-"  # not every table had it
+        lines.append(f"| {label} | {_mean(row['EM']):.3f} | {f1} | {valid} | {_mean(row['searches/q']):.2f} |")
+    return "\n".join(lines)
+
+
+def paired(name: str) -> str:
+    """A stored comparison's recorded paired rows (difference [95% CI] and p, as recorded with its method)."""
+    lines = ["| comparison | metric | difference [95% CI] | p |", "|---|---|---|---|"]
+    for row in _rows(load(name), "paired"):
+        lines.append(f"| {row['comparison']} | {row['metric']} | {_diff(row['difference [95% CI]'])} | "
+                     f"{p_value(row['p'])} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def comparison_headline(_: str = "") -> str:
+    """F1 of each system and RED's paired differences, per regime (recorded comparisons)."""
+    lines = [
+        "| regime, protocol | RED F1 | GRPO + SFT 0.1 | GRPO + SFT 0.4 | GRPO | RED - SFT 0.1 (paired) "
+        "| RED - SFT 0.4 (paired) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for regime, name in HEADLINE:
+        run = load(name)
+        f1 = {r["algorithm"]: _mean(r["F1"]) for r in _rows(run, "systems")}
+        cells = [f"{f1[a]:.3f}" if a in f1 else "-" for a in ("red_grpo", "grpo_sft", "grpo_sft:sft_coef=0.4", "grpo")]
+        for other in ("grpo_sft", "grpo_sft:sft_coef=0.4"):
+            row = paired_row(run, f"red_grpo - {other}")
+            cells.append(f"{row['difference [95% CI]']['mean']:+.3f}, p {p_value(row['p'])}" if row else "-")
+        lines.append(f"| {regime} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _after(run: StoredRun) -> dict[str, Any]:
+    return next(r for r in _rows(run, "before_after") if r["model"].startswith("after"))
+
+
+def main_job_validation(_: str = "") -> str:
+    """The four seeds of the preset with a validation choice: steps, the chosen step, held-out scores."""
+    lines = [
+        "| seed | steps | validation F1 by step (50 questions) | chosen | EM | F1 [95% CI], dev 0-99 | valid answers "
+        "| searches / q |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in MAIN_JOB_SEEDS:
+        run = load(name)
+        summary, after = run.header["summary"], _after(run)
+        by_step = sorted(summary["validation_f1"].items(), key=lambda item: -int(item[0]))
+        scores = ", ".join(f"{step}: {f1:.3f}" for step, f1 in by_step)
+        lines.append(
+            f"| {run.header['provenance']['seed']} | {summary['steps']} | {scores} | {summary['chosen_step']} | "
+            f"{_mean(after['EM']):.3f} | {_interval(after['F1'])} | {_mean(after['valid answers']):.3f} | "
+            f"{_mean(after['searches / question']):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def held_out(names: str) -> str:
+    """Stored trainer runs (comma-joined names), one row each, recomputed from their per-question outcomes: EM, F1
+    and valid answers with the evaluation's intervals (`agents.evaluation.interval_method`), searches, and the
+    first-search split (questions whose first search showed the answer / did not / yes-no)."""
+    from agents.evaluation import interval_method
+    from envs.stats import mean_ci
+
+    lines = [
+        "| run | seed | steps | EM | F1 | valid answers | searches / q | first search: shown / not / yes-no |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        run = load(name)
+        after = [q for q in run.questions if q["part"] == "after"]
+        cells = []
+        for field, metric in (("em", "em"), ("f1", "f1"), ("answered", "answered"), ("searches", "num_searches")):
+            cells.append(mean_ci([q[field] for q in after], method=interval_method(metric)).format(3))
+        split = [sum(q["first_search"] == c for q in after) for c in ("shown", "not shown", "yes/no")]
+        provenance = run.header.get("provenance") or {}
+        steps = (run.header.get("summary") or {}).get("steps", len(run.metrics))
+        lines.append(
+            f"| {name} | {provenance.get('seed')} | {steps} | "
+            + " | ".join(cells)
+            + f" | {' / '.join(map(str, split))} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluations(names: str) -> str:
+    """Stored `benchmarks.evaluate` results (comma-joined names), one row each: the agent and the means over its
+    questions of EM, F1, format, searches and invalid actions, recomputed from the stored per-question outcomes."""
+    lines = [
+        "| agent | questions | EM | F1 | format | searches / q | invalid actions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        run = load(name)
+        after = [q for q in run.questions if q["part"] == "after"]
+        means = [mean(q[f] for q in after) for f in ("em", "f1", "format", "searches", "invalid_actions")]
+        cells = [f"{m:.3f}" for m in means[:3]] + [f"{means[3]:.2f}", f"{means[4]:.3f}"]
+        lines.append(f"| {run.header['agent']} | {len(after)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_stats(arguments: str) -> str:
+    """``A B [METRIC ...]``: `benchmarks.report stats` between two stored runs or sets of seeds, one row a metric."""
+    a, b, *metrics = arguments.split()
+    lines = ["| paired by question | metric | difference [95% CI] | p | questions |", "|---|---|---|---|---|"]
+    for metric in metrics or ["f1"]:
+        got = results_store.paired_stats(a, b, metric, results_store.STORE)
+        lines.append(
+            f"| {a} - {b} | {metric} | {got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}] | "
+            f"{p_value(got['p'])} | {got['n']} |"
+        )
+    return "\n".join(lines)
+
+
+def headline_f1() -> tuple[float, list[int]]:
+    """The README's headline: mean held-out F1 over the stored main job seeds, and those seeds."""
+    runs = [load(name) for name in MAIN_JOB_SEEDS]
+    return mean(_mean(_after(r)["F1"]) for r in runs), [r.header["provenance"]["seed"] for r in runs]
+
+
+def env_overhead(name: str) -> str:
+    """A stored env_overhead run: the step, the retrieval alone, the env's share; the server comparison."""
+    header = load(name).header
+    lines = [
+        "| measurement | value |",
+        "|---|---|",
+        f"| median `env.step(<search>)` | {header['step_ms']:.3f} ms |",
+        f"| median `retriever.search` alone | {header['search_ms']:.3f} ms |",
+        f"| env's own share inside each step (median of {header['steps']}) | {header['env_share']:.1%} "
+        "(target <= 5%) |",
+        f"| env's own time inside each step (median) | {header['env_us']:.1f} µs |",
+        f"| a whole step with retrieval a dict lookup (median) | {header['env_us_lookup']:.1f} µs |",
+        f"| load average (1 min) at the end | {header['load_average']:.1f} |",
+        f"| CPU | {header['provenance']['machine']['cpu']}, {header['provenance']['machine']['cores']} cores |",
+    ]
+    server = header.get("server")
+    if server:
+        lines += [
+            "",
+            "| envs per turn | each env its own request (median turn) | one batched request (median turn) | ratio |",
+            "|---:|---:|---:|---:|",
+            f"| {server['envs']} | {server['alone_ms']:.1f} ms ({server['envs']} requests) | "
+            f"{server['batched_ms']:.1f} ms (1 request) | {server['alone_ms'] / server['batched_ms']:.2f} |",
+        ]
+    return "\n".join(lines)
+
+
+def retrieval(name: str = "retrieval") -> str:
+    """`benchmarks.retrieval`'s table: recall@1/3/5, queries a second one at a time and batched, build, size."""
+    header = load(name or "retrieval").header
+    lines = [
+        "| retriever | R@1 | R@3 | R@5 | q/s single | q/s batched | build s | index MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, got in header["retrievers"].items():
+        lines.append(
+            f"| {kind} | {got['recall@1']:.3f} | {got['recall@3']:.3f} | {got['recall@5']:.3f} | "
+            f"{got['qps_single']:.0f} | {got['qps_batched']:.0f} | {got['build_s']:.1f} | {got['size_mb']:.1f} |"
+        )
+    targets = header["targets"]
+    lines += [
+        "",
+        f"Batched BM25 (matrix engine) over Search-R1's one-query server loop: "
+        f"**{targets['bm25_batched_over_search_r1_loop (>= 4)']:.1f}x**; with the query cache on GRPO's load (5 "
+        f"rollouts a question): {targets['bm25_cached_batch_over_search_r1_loop_grpo_g5 (>= 4)']:.1f}x. "
+        f"Machine: {header['machine']}.",
+    ]
+    return "\n".join(lines)
+
+
+def readme_results(_: str = "") -> str:
+    """README's results table: only figures the store rebuilds, each with its seeds and page."""
+    f1, seeds = headline_f1()
+    flat, coda = load("compare-cpu-flat-84"), load("compare-cpu-coda-66")
+    red_sft = paired_row(flat, "red_grpo - grpo_sft")
+    sft_red = paired_row(coda, "red_grpo - grpo_sft:sft_coef=0.4")
+    retrieval = load("retrieval").header["targets"]["bm25_batched_over_search_r1_loop (>= 4)"]
+    seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    rows = [
+        "| main job (the previous preset, with a validation choice), untrained SmolLM2-135M -> held-out dev F1 "
+        f"**{f1:.3f}** "
+        f"(mean of {seed_text}, dev 0-99; 2-core CPU, 25 training minutes) "
+        "| [main job](docs/results/main-job.md#seeds-0-3-of-the-preset-with-a-validation-choice) |",
+        f"| flat, 3 seeds: RED over GRPO + SFT, paired dev F1 **{red_sft['difference [95% CI]']['mean']:+.3f}** "
+        f"(sign-flip p {p_value(red_sft['p'])}, as recorded) | [comparison](docs/results/comparison.md) |",
+        f"| CoDA, 3 seeds: a fixed SFT weight of 0.4 over RED, paired dev F1 "
+        f"**{-sft_red['difference [95% CI]']['mean']:+.3f}** (sign-flip p {p_value(sft_red['p'])}, as recorded) "
+        "| [comparison](docs/results/comparison.md) |",
+        f"| batched BM25: **{retrieval:.1f}x** the queries/s of Search-R1's one-query server loop "
+        "| [retrieval](docs/results/retrieval.md) |",
+    ]
+    return "\n".join(["| result | page |", "|---|---|", *rows])
+
+
+BLOCKS: dict[str, Callable[[str], str]] = {
+    "readme-results": readme_results,
+    "comparison-headline": comparison_headline,
+    "systems": systems,
+    "paired": paired,
+    "main-job-validation": main_job_validation,
+    "env-overhead": env_overhead,
+    "retrieval": retrieval,
+    "held-out": held_out,
+    "evaluations": evaluations,
+    "stats": paired_stats,
+}
+"""Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

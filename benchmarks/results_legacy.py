@@ -1,0 +1,122 @@
+"""Records of the runs whose committed files predate the results store: what their tables and logs state.
+
+    python -m benchmarks.report ingest benchmarks/results/compare-cpu-flat-84
+    python -m benchmarks.report ingest benchmarks/results/main-job-cpu-coda-validation-seed1 \
+        --name main-job-validation-seed1
+
+A comparison folder (``compare-*``) kept ``table.md`` (and ``table.csv``): every table in it becomes ``row`` records
+(``table``: systems, paired, runs), and the header's command and machine the run's provenance. A main job folder
+(``main-job-*``) kept ``eval.md`` and ``run.log``: the before/after rows, the steps, the validation scores and the
+chosen step. Their per-question results, metrics rows, commits and data hashes were never kept, and the run record
+says so (``provenance.missing``): `benchmarks.report stats` cannot pair them again.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+LEGACY = ("compare-", "main-job-")
+"""The folder name prefixes this module reads."""
+MISSING = ["per-question results", "metrics rows", "code commit", "package versions", "data and model hashes"]
+"""What a run that predates the store never recorded."""
+_INTERVAL = re.compile(r"^([+-]?[\d.]+(?:e-?\d+)?) \[([+-]?[\d.]+), ([+-]?[\d.]+)\]$")
+
+
+def number(cell: str) -> Any:
+    """A table cell as a number, ``{"mean", "low", "high"}`` for ``x [l, h]``, else the text (bold marks removed)."""
+    cell = cell.replace("**", "").strip()
+    found = _INTERVAL.match(cell)
+    if found:
+        return {"mean": float(found[1]), "low": float(found[2]), "high": float(found[3])}
+    try:
+        return float(cell)
+    except ValueError:
+        return cell
+
+
+def markdown_tables(text: str) -> list[list[dict[str, Any]]]:
+    """Every Markdown table in `text`, as a list of rows (dicts by header cell), cells parsed by `number`."""
+    tables, header = [], None
+    for line in text.replace(" \n", " ").splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            tables.append([])
+        elif not line.startswith("|---"):
+            tables[-1].append({h: number(c) for h, c in zip(header, cells, strict=False)})
+    return tables
+
+
+def _table_kind(rows: list[dict[str, Any]]) -> str:
+    keys = set(rows[0]) if rows else set()
+    return "paired" if "comparison" in keys else "runs" if "run" in keys else "systems"
+
+
+def _stated(text: str, label: str) -> str | None:
+    found = re.search(rf"{label}: `?(.+?)`?\. ", text)
+    return found[1] if found else None
+
+
+def comparison_records(folder: Path) -> list[dict[str, Any]]:
+    """A committed comparison folder's records: its header and every row of table.md."""
+    text = (folder / "table.md").read_text(encoding="utf-8")
+    first = text.split("\n\n", 1)[0]
+    header = {
+        "record": "run",
+        "kind": "comparison",
+        "recorded": first,
+        "provenance": {
+            "command": _stated(first, "Command"),
+            "machine": _stated(first, "Machine"),
+            "seeds": _stated(first, "seeds"),
+            "missing": MISSING,
+        },
+        "files": [str(p.name) for p in sorted(folder.iterdir()) if p.suffix in (".md", ".csv")],
+    }
+    rows = []
+    for table in markdown_tables(text):
+        kind = _table_kind(table)
+        rows += [{"record": "row", "table": kind, **row} for row in table]
+    return [header, *rows]
+
+
+def main_job_records(folder: Path) -> list[dict[str, Any]]:
+    """A committed main job folder's records: eval.md's before/after rows and run.log's steps and validation."""
+    log = (folder / "run.log").read_text(encoding="utf-8", errors="replace")
+    evaluation = (folder / "eval.md").read_text(encoding="utf-8")
+    steps = re.search(r"│ steps\s+│ (\d+)", log)
+    chosen = re.search(r"final model's step \(F1 on (\d+)\s+│ (\d+) \(", log)
+    validation = {int(s): float(f) for s, f in re.findall(r"validation: step_0*(\d+) F1 ([\d.]+)", log)}
+    seed = re.search(r"seed(\d+)$", folder.name)
+    header = {
+        "record": "run",
+        "kind": "main-job",
+        "recorded": evaluation.splitlines()[0],
+        "provenance": {
+            "command": f"python -m algos.red_grpo --seed {seed[1] if seed else 0}",
+            "command_source": "docs/results/main-job.md (run.log does not print it; the folder name gives the seed)",
+            "seed": int(seed[1]) if seed else 0,
+            "missing": MISSING,
+        },
+        "summary": {
+            "steps": int(steps[1]) if steps else None,
+            "validation_questions": int(chosen[1]) if chosen else None,
+            "chosen_step": int(chosen[2]) if chosen else None,
+            "validation_f1": {str(k): v for k, v in sorted(validation.items())},
+        },
+        "files": ["eval.md", "run.log"],
+    }
+    table = markdown_tables(evaluation)[0]
+    return [header, *({"record": "row", "table": "before_after", **row} for row in table)]
+
+
+def legacy_records(folder: Path) -> list[dict[str, Any]]:
+    """The records of a committed folder that predates the store (comparison or main job)."""
+    if folder.name.startswith("compare-"):
+        return comparison_records(folder)
+    return main_job_records(folder)

@@ -1,0 +1,179 @@
+"""The results store and `benchmarks.report`: the committed pages match the store, the store keeps its size and holds
+no text, a changed block is named, ingested runs pair by question with `envs.stats`, and provenance is complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+from benchmarks.results_store import (
+    BUDGET_BYTES,
+    STORE,
+    ingest,
+    load,
+    names,
+    read_records,
+    store_bytes,
+    write_records,
+)
+from envs.data import bundled_path
+from envs.provenance import file_hash, provenance
+from envs.stats import paired_difference, paired_permutation_p
+
+TEXT_KEYS = {"text", "question", "prediction", "reply", "passages", "contents", "gold_answers", "actions"}
+"""Fields that would carry passage, question or answer text: none may be stored."""
+
+
+def test_every_block_in_the_pages_is_what_the_store_rebuilds():
+    assert report.build(check=True) == []
+    assert report.main(["--check"]) == 0
+
+
+def test_the_store_keeps_its_size_budget_and_holds_no_text():
+    assert names(), "the store is empty"
+    assert store_bytes() <= BUDGET_BYTES
+    for name in names():
+        for record in read_records(STORE / f"{name}.jsonl.gz"):
+            assert not TEXT_KEYS & set(record), (name, sorted(TEXT_KEYS & set(record)))
+
+
+def test_a_stored_run_of_committed_files_is_what_ingesting_them_again_gives(tmp_path):
+    """The runs ingested from files in the repository (the comparisons' tables, the main jobs' eval.md and run.log,
+    retrieval.json) re-ingest to the same bytes: the store says what those files say."""
+    again = 0
+    for name in names():
+        source = load(name).header["source"]
+        if (report.ROOT / source).exists():
+            ingest(report.ROOT / source, name, store=tmp_path)
+            assert (tmp_path / f"{name}.jsonl.gz").read_bytes() == (STORE / f"{name}.jsonl.gz").read_bytes(), name
+            again += 1
+    assert again >= 10
+
+
+def test_the_pages_hold_the_blocks_the_results_rest_on():
+    found = {(p.name, name) for p in report.pages() for _, name, *_ in report._BLOCK.findall(p.read_text())}
+    for page, block in [("README.md", "readme-results"), ("main-job.md", "main-job-validation"),
+                        ("comparison.md", "comparison-headline"), ("env_overhead.md", "env-overhead")]:  # fmt: skip
+        assert (page, block) in found
+
+
+def test_a_changed_block_is_named_and_rewritten(tmp_path):
+    page = Path(report.ROOT / "docs" / "results" / "main-job.md").read_text()
+    spoiled = page.replace("| 0 | 67 |", "| 0 | 66 |")
+    assert spoiled != page
+    fixed, changed = report.rebuilt(spoiled, "docs/results/main-job.md")
+    assert changed == ["docs/results/main-job.md: main-job-validation"]
+    assert fixed == page
+    with pytest.raises(SystemExit, match="unknown block 'nothing'"):
+        report.rebuilt("<!-- report:nothing -->\nx\n<!-- /report -->\n", "page.md")
+
+
+def test_records_are_written_byte_for_byte_the_same(tmp_path):
+    records = [{"record": "run", "b": 1, "a": [0.5, None]}, {"record": "question", "id": "q", "f1": 1.0}]
+    first = write_records(tmp_path / "one.jsonl.gz", records).read_bytes()
+    assert write_records(tmp_path / "two.jsonl.gz", records).read_bytes() == first
+    assert read_records(tmp_path / "one.jsonl.gz") == records
+
+
+def _evaluation(f1: list[float]) -> dict:
+    predictions = [
+        {"index": i, "id": f"q{i}", "question": "Who?", "gold_answers": ["yes" if i == 0 else "Paris"],
+         "prediction": "x", "em": float(s == 1.0), "f1": s, "answered": 1.0, "num_searches": 1, "invalid_actions": 0,
+         "sampler_errors": 0, "retrieval_errors": 0, "actions": ["<search>Who?</search>"]}
+        for i, s in enumerate(f1)
+    ]  # fmt: skip
+    return {"predictions": predictions, "metrics": {"f1": {"mean": sum(f1) / len(f1)}}}
+
+
+def _run_dir(root: Path, name: str, f1: list[float]) -> Path:
+    run_dir = root / name
+    run_dir.mkdir()
+    record = provenance(seed=3, command="python -m algos.red_grpo --seed 3", env_kwargs={"split": "dev"})
+    evaluation = {"before": _evaluation([0.0] * len(f1)), "after": _evaluation(f1), "provenance": record}
+    (run_dir / "eval.json").write_text(json.dumps(evaluation))
+    rows = [json.dumps({"step": step, "answer_f1/mean": 0.1}) + "\n" for step in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(rows))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 2, "provenance": record}))
+    return run_dir
+
+
+def test_an_ingested_run_keeps_its_questions_metrics_and_provenance_and_pairs_by_question(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    store = tmp_path / "store"
+    a = [1.0, 0.5, 0.0, 1.0, 0.8, 0.2, 1.0, 0.0]
+    b = [0.0, 0.5, 0.0, 0.5, 0.8, 0.0, 1.0, 0.0]
+    ingest(_run_dir(tmp_path, "a", a), "run-a", first_search=False, store=store)
+    ingest(_run_dir(tmp_path, "b", b), "run-b", first_search=False, store=store)
+    run = load("run-a", store)
+    assert run.header["provenance"]["seed"] == 3 and run.header["kind"] == "training"
+    assert run.question_scores("f1") == {f"q{i}": s for i, s in enumerate(a)}
+    assert run.question_scores("f1", "before") == {f"q{i}": 0.0 for i in range(len(a))}
+    assert [q["first_search"] for q in run.questions[:2]] == ["yes/no", None]  # yes/no known without a replay
+    assert [m["step"] for m in run.metrics] == [1, 2]
+    got = report.paired_stats("run-a", "run-b", store=store)
+    assert got["n"] == len(a)
+    assert got["difference"] == pytest.approx(paired_difference(a, b).mean)
+    assert got["p"] == pytest.approx(paired_permutation_p(a, b))
+    seeds = report.paired_stats("run-a,run-b", "run-b", store=store)  # two seeds, averaged per question
+    assert seeds["difference"] == pytest.approx(sum(a) / 16 - sum(b) / 16)
+    monkeypatch.setattr(results_store, "STORE", store)  # the same numbers as a page's block
+    text, _ = report.rebuilt("<!-- report:stats run-a run-b f1 em -->\n<!-- /report -->\n", "page.md")
+    f1_row, em_row = text.splitlines()[3:5]
+    interval = f"{got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}]"
+    assert f1_row == f"| run-a - run-b | f1 | {interval} | {got['p']:.2g} | 8 |"
+    assert em_row.startswith("| run-a - run-b | em | ")
+
+
+def test_the_held_out_block_is_recomputed_from_the_stored_questions(tmp_path, monkeypatch):
+    from agents.evaluation import interval_method
+    from benchmarks import report_blocks, results_store
+    from envs.stats import mean_ci
+
+    f1 = [1.0, 0.5, 0.0, 0.25]
+    ingest(_run_dir(tmp_path, "a", f1), "run-a", first_search=False, store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, changed = report.rebuilt("<!-- report:held-out run-a -->\n<!-- /report -->\n", "page.md")
+    row = text.splitlines()[3]
+    assert changed == ["page.md: held-out run-a"] and row.startswith("| run-a | 3 | 2 | ")
+    assert mean_ci(f1, method=interval_method("f1")).format(3) in row and row.endswith("| 0 / 0 / 1 |")
+    assert report_blocks.BLOCKS["held-out"]("run-a") in text
+
+
+def test_an_evaluation_result_is_stored_and_its_row_recomputed(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    result = {"agent": "rag", "n": 4, **_evaluation([1.0, 0.5, 0.0, 0.0])}
+    result["predictions"][1].update(format=0.5, num_searches=3, invalid_actions=1)
+    for p in result["predictions"]:
+        p.setdefault("format", 1.0)
+    (tmp_path / "rag.json").write_text(json.dumps(result))
+    ingest(tmp_path / "rag.json", "rag", first_search=False, store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, _ = report.rebuilt("<!-- report:evaluations rag -->\n<!-- /report -->\n", "page.md")
+    assert "| rag | 4 | 0.250 | 0.375 | 0.875 | 1.50 | 0.250 |" in text
+
+
+def test_stats_refuses_runs_without_per_question_results():
+    with pytest.raises(SystemExit, match="no per-question results"):
+        report.paired_stats("compare-cpu-flat-84", "compare-cpu-coda-66")
+
+
+def test_provenance_names_the_code_machine_packages_data_and_model(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    record = provenance(seed=1, env_kwargs={"split": "dev", "top_k": 3}, model=model)
+    assert len(record["code"]["commit"]) == 40 and isinstance(record["code"]["dirty"], bool)
+    assert record["machine"]["cores"] >= 1 and record["machine"]["cpu"]
+    assert "gymnasium" in record["packages"]
+    assert record["data"]["questions"]["hash"] == file_hash(bundled_path("hotpotqa", "dev"))
+    assert record["data"]["corpus"]["hash"] == file_hash(bundled_path("hotpotqa", "corpus"))
+    assert record["data"]["index_settings"] == {"top_k": 3}
+    assert record["model"]["hash"] is not None
+    other = provenance(seed=1, env_kwargs={"split": "dev", "top_k": 5}, model="smollm2-135m")
+    assert other["data"]["index_settings_hash"] != record["data"]["index_settings_hash"]
+    assert other["model"] == {"model": "smollm2-135m", "hash": None}
