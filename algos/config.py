@@ -144,9 +144,9 @@ class Config:
         Raises:
             ValueError: naming the first offending setting by its flag, e.g. ``--temperature must be > 0, got 0.0``.
         """
-        self._check_algorithm()
         check_finite(self)
         check_rules(self, CONFIG_RULES)
+        self._check_algorithm()  # after the values' own checks: a NaN is refused as a NaN, not as unhonoured
         self._check_env_and_data()
         check_names(self)
         check_model(self)

@@ -332,7 +332,15 @@ def test_a_config_file_with_a_bad_value_is_refused_in_one_line_naming_the_key(te
 def test_a_saved_config_reads_back_as_the_settings_it_was_saved_from(tmp_path):
     from algos.run.cli import load_config_file
 
-    saved = preset_config("cpu", lr=5e-5, adam_betas=(0.9, 0.95), tree_branch_turns=(1,), eval_data_path=None)
+    saved = preset_config(
+        "cpu",
+        lr=5e-5,
+        adam_betas=(0.9, 0.95),
+        rollout="tree",
+        group_size=4,
+        tree_branch_turns=(1,),
+        eval_data_path=None,
+    )
     path = tmp_path / "redcoda_config.json"
     path.write_text(json.dumps(saved.flat()))
     assert saved.with_values(**load_config_file(path)) == saved

@@ -506,17 +506,17 @@ class TrainingRun(RunCheckpoints, RunFinish):
         signum = distributed.all_max(stop.signum)  # data parallel: every rank skips the scoring, or none
         if signum:
             raise run_control.Interrupted(signum, self.step, checkpoint, final=final)
-        if checkpoint is not None and final is not None:
-            summary = self.summary(checkpoint, final)
-            summary["torch_threads"] = self.threads.describe()
-            if validation is not None:
-                summary["validation"] = validation
-        if self.config.run.eval_questions > 0 and not self.config.env.is_query_rewrite:
-            try:  # a signal now stops the scoring at once: the training and its final model are on disk
-                with run_control.StopSignals(at_once=True):
+        try:  # a signal now stops the summary (it hashes the weights) and the scoring at once: final/ is on disk
+            with run_control.StopSignals(at_once=True):
+                if checkpoint is not None and final is not None:
+                    summary = self.summary(checkpoint, final)
+                    summary["torch_threads"] = self.threads.describe()
+                    if validation is not None:
+                        summary["validation"] = validation
+                if self.config.run.eval_questions > 0 and not self.config.env.is_query_rewrite:
                     self._score(summary, validation)
-            except run_control.Interrupted as err:
-                raise run_control.Interrupted(err.signum, self.step, checkpoint, final=final) from None
+        except run_control.Interrupted as err:
+            raise run_control.Interrupted(err.signum, self.step, checkpoint, final=final) from None
         if final is not None:
             self.publish(final, summary.get("evaluation"), validation, summary.get("curves"))
         distributed.barrier()  # every file is written before any rank returns
