@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,26 @@ def changed_settings(saved: dict[str, Any], config: Any) -> dict[str, tuple[Any,
 
 
 class RunCheckpoints:
-    """Checkpoints, resume and the weight average of a `algos.run.training_run.TrainingRun` (a base class of it)."""
+    """Checkpoints, resume and the weight average of a `algos.run.training_run.TrainingRun` (a base class of it).
+
+    What it reads of the run, which `TrainingRun` sets up before the first checkpoint, is declared below.
+    """
+
+    config: Any
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    learner: Any  # algos.run.learner.Learner: its state_dict / load_state_dict
+    collector: Any  # its state (the data order) is in every checkpoint
+    weighting: Any  # algos.objectives.weighting.SFTWeighting: its state too
+    world: Any  # algos.distributed.World
+    fsdp: bool
+    step: int
+    elapsed: float  # training seconds of the run's earlier processes
+    metrics_path: Path
+    checkpoint_dir: Path
+    average: list[torch.Tensor] | None  # --weight-average: the running average
+    _unsaved_metrics: list[dict[str, Any]]
+    push_weights: Callable[[], float | None]
 
     @property
     def checkpoint_writer(self) -> BackgroundWriter:

@@ -34,7 +34,24 @@ __all__ = ["RunFinish", "print_summary"]
 
 
 class RunFinish:
-    """The final model, its publication and the summary of a `training_run.TrainingRun` (a base class of it)."""
+    """The final model, its publication and the summary of a `training_run.TrainingRun` (a base class of it).
+
+    What it reads of the run, which `TrainingRun` sets up before training, is declared below.
+    """
+
+    config: Any
+    policy: Any  # the trained model (a PEFT wrapper's base under --lora)
+    peft_model: Any | None
+    tokenizer: Any
+    world: Any  # algos.distributed.World
+    fsdp: bool
+    step: int
+    started: float  # the process's start (time.perf_counter)
+    elapsed: float
+    stopped_early: bool
+    metrics_path: Path
+    run_dir: Path
+    _wandb: Any | None
 
     def save_final_model(self) -> Path | None:
         """Write the model in Hugging Face format to ``run_dir/final`` (LoRA merged in), atomically.
