@@ -49,10 +49,8 @@ from benchmarks.compare_checks import (
     run_problems,
 )
 from benchmarks.compare_report import (
-    TABLE_METRICS,
     paired_tests,
     pairing_reference,
-    per_question,
     plot,
     summary_row,
     write_tables,
@@ -70,32 +68,13 @@ from benchmarks.compare_runs import (
     metric_total,
     parse_system,
     run_config,
-    run_holding,
     train,
-    train_command,
     warm_start,
 )
 from envs.provenance import provenance
 
 __all__ = [
-    "ALGOS",
-    "BUDGETS",
-    "TABLE_METRICS",
-    "Budget",
-    "ClaimedElsewhere",
-    "System",
-    "code_version",
-    "evaluate_run",
     "main",
-    "paired_tests",
-    "pairing_reference",
-    "parse_system",
-    "per_question",
-    "plot",
-    "run_holding",
-    "train",
-    "train_command",
-    "write_tables",
 ]
 
 

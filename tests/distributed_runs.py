@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from algos import distributed
-from algos.checkpoints.store import rng_state
+from algos.checkpoints.files import rng_state
 from algos.config import preset_config
 from algos.learners.ppo import PPO_DEFAULTS, PPO_PRESETS, PPOConfig, PPOTrainer
 from algos.learners.trainer import Trainer

@@ -18,18 +18,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from algos.checkpoints.files import restore_rng, rng_state
+from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint
 from algos.checkpoints.store import (
     checkpoint_problem,
     damaged_checkpoints,
     find_latest,
     is_sharded,
     load_checkpoint,
-    load_sharded_tensors,
     read_state,
-    restore_rng,
-    rng_state,
     save_checkpoint,
-    save_sharded_checkpoint,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

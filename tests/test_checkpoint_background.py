@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from algos.checkpoints.atomic import CheckpointWriteError
 from algos.checkpoints.background import BackgroundWriter
 from algos.checkpoints.store import (
-    CheckpointWriteError,
     checkpoint_problem,
     find_latest,
     load_checkpoint,

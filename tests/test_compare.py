@@ -18,8 +18,8 @@ import pytest
 
 from algos.config import Config
 from algos.run.evaluation import held_out_settings
-from benchmarks.compare import ClaimedElsewhere, main
-from benchmarks.compare_runs import _trained_code, claimed
+from benchmarks.compare import main
+from benchmarks.compare_runs import ClaimedElsewhere, _trained_code, claimed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -217,7 +217,7 @@ def test_regime_two_with_a_fixed_sft_weight_as_a_system_of_its_own(tmp_path, mon
 
 
 def test_the_paired_f1_without_yes_no_questions_leaves_exactly_them_out():
-    from benchmarks.compare import paired_tests
+    from benchmarks.compare_report import paired_tests
 
     def scored(f1s):  # questions 0 and 2 are yes/no
         golds = ("yes", "Paris", "No", "Rome")
@@ -284,7 +284,7 @@ def test_a_run_names_the_code_that_trained_it_not_the_code_checked_out_later(tmp
 
 def test_a_run_being_scored_by_one_stream_is_skipped_by_the_other(tmp_path):
     """Two streams can both find a run trained and not yet scored; only one evaluates it, the other goes on."""
-    from benchmarks.compare import evaluate_run
+    from benchmarks.compare_runs import evaluate_run
 
     evals = tmp_path / "evals"
     with claimed(evals, lock=".red_grpo-seed0.lock", doing="evaluated (red_grpo-seed0)"):
@@ -297,7 +297,7 @@ def test_a_run_being_scored_by_one_stream_is_skipped_by_the_other(tmp_path):
 
 def test_sft_alone_is_a_system_with_variants_like_the_others():
     """`sft` (SFT only, `python -m algos.sft`) is accepted beside the RL systems; `sft:lr=5e-5` is a variant of it."""
-    from benchmarks.compare import ALGOS, parse_system
+    from benchmarks.compare_runs import ALGOS, parse_system
 
     assert "sft" not in ALGOS  # the default systems stay the three RL ones
     plain, variant = parse_system("sft"), parse_system("sft:lr=5e-5,sft_batch_size=2")
@@ -315,7 +315,7 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
     import dataclasses
 
     from algos.run.cli import parse_config
-    from benchmarks.compare import BUDGETS, train_command
+    from benchmarks.compare_runs import BUDGETS, train_command
 
     budget = dataclasses.replace(BUDGETS[budget_name], train_args=(*BUDGETS[budget_name].train_args, "--model", "M"))
     run_dir = tmp_path / "run"
@@ -339,7 +339,7 @@ def test_the_sft_arm_runs_algos_sft_with_the_budget_of_every_other_system(tmp_pa
 
 def test_the_pairing_takes_in_the_sft_arm():
     """RED minus every other system, `sft` among them; without RED, `sft` minus every other system."""
-    from benchmarks.compare import paired_tests, pairing_reference
+    from benchmarks.compare_report import paired_tests, pairing_reference
 
     def scored(f1s):
         return [{"predictions": [{"id": str(i), "gold_answers": ["Paris"], "f1": f, "em": f, "answered": 1.0}

@@ -21,16 +21,10 @@ import pytest
 import torch
 
 from algos.checkpoints import store as checkpoint
-from algos.checkpoints.store import (
-    LATEST_FILE,
-    CheckpointWriteError,
-    find_latest,
-    load_checkpoint,
-    load_sharded_tensors,
-    save_checkpoint,
-    save_sharded_checkpoint,
-    write_text_atomic,
-)
+from algos.checkpoints.atomic import CheckpointWriteError, write_text_atomic
+from algos.checkpoints.files import LATEST_FILE
+from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint
+from algos.checkpoints.store import find_latest, load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

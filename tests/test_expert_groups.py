@@ -173,7 +173,7 @@ def test_runs_end_to_end_logs_expert_metrics_and_resumes(tmp_path):
 
 def test_is_a_system_of_the_comparison_with_settings_of_its_own(tmp_path):
     from algos.registry import algorithm_names
-    from benchmarks.compare import BUDGETS, parse_system, train_command
+    from benchmarks.compare_runs import BUDGETS, parse_system, train_command
 
     assert "grpo_expert" in algorithm_names()
     system = parse_system("grpo_expert:expert_shaping=0.2,expert_members=2,grounded_expansion=true")

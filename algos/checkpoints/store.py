@@ -38,11 +38,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from algos.checkpoints.atomic import (
-    CheckpointWriteError,
     fsync_file,
     sha256,
-    write_error,
-    write_text_atomic,
     writing,
 )
 from algos.checkpoints.files import (
@@ -56,37 +53,23 @@ from algos.checkpoints.files import (
     rng_file,
     rng_state,
     save_rng,
-    set_rng_state,
     step_dir_name,
     step_dirs,
 )
-from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint, sharded_keys
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "LATEST_FILE",
     "Checkpoint",
-    "CheckpointWriteError",
     "checkpoint_problem",
     "complete_checkpoints",
     "damaged_checkpoints",
     "find_latest",
     "is_sharded",
     "load_checkpoint",
-    "load_sharded_tensors",
     "read_state",
-    "restore_rng",
-    "rng_file",
-    "rng_state",
     "save_checkpoint",
-    "save_sharded_checkpoint",
-    "set_rng_state",
     "snapshot_checkpoint",
-    "sharded_keys",
-    "write_error",
-    "write_text_atomic",
-    "writing",
 ]
 
 

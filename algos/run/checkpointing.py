@@ -23,21 +23,11 @@ from typing import Any
 import torch
 
 from algos import distributed
+from algos.checkpoints.atomic import write_text_atomic
 from algos.checkpoints.background import BackgroundWriter
-from algos.checkpoints.files import step_dir_name
-from algos.checkpoints.store import (
-    checkpoint_problem,
-    is_sharded,
-    load_checkpoint,
-    load_sharded_tensors,
-    read_state,
-    restore_rng,
-    rng_state,
-    save_sharded_checkpoint,
-    sharded_keys,
-    snapshot_checkpoint,
-    write_text_atomic,
-)
+from algos.checkpoints.files import restore_rng, rng_state, step_dir_name
+from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint, sharded_keys
+from algos.checkpoints.store import checkpoint_problem, is_sharded, load_checkpoint, read_state, snapshot_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -209,7 +209,7 @@ def _starting_model_cache(config: Any) -> Path:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    from algos.checkpoints.store import write_text_atomic
+    from algos.checkpoints.atomic import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(value, ensure_ascii=False))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from algos import distributed
-from algos.checkpoints.store import writing
+from algos.checkpoints.atomic import writing
 from algos.run import outputs
 from algos.run.evaluation import run_provenance
 

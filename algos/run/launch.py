@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 
 from agents.evaluation import EvaluationFailed
 from algos import distributed
-from algos.checkpoints.store import CheckpointWriteError, find_latest
+from algos.checkpoints.atomic import CheckpointWriteError
+from algos.checkpoints.store import find_latest
 from algos.config import Config
 from algos.registry import algorithm
 from algos.run import control as run_control

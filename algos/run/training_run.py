@@ -41,7 +41,8 @@ from agents.records import Completion, SamplingParams
 from agents.samplers import SamplerWrapper
 from algos import distributed
 from algos.batch import masked_head_matches
-from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state, writing
+from algos.checkpoints.atomic import writing
+from algos.checkpoints.store import damaged_checkpoints, find_latest, read_state
 from algos.config import Config
 from algos.objectives.weighting import RED, FixedSFT, NoSFT, SFTWeighting
 from algos.registry import algorithm, entry_command
@@ -96,8 +97,7 @@ class TimedSampler(SamplerWrapper):
         self.tokens += sum(len(c.token_ids) for c in completions)
         return completions
 
-    def reset(self) -> None:
-        """Start the step's count of generation seconds and sampled tokens."""
+    def reset(self) -> None:  # the step's count of generation seconds and sampled tokens starts
         self.seconds, self.tokens = 0.0, 0
 
     @contextlib.contextmanager
