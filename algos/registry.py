@@ -35,6 +35,7 @@ __all__ = [
     "algorithm",
     "algorithm_names",
     "entry_command",
+    "load_entry_points",
     "register_algorithm",
     "resolve",
 ]
@@ -200,20 +201,29 @@ def _load_entry_points() -> None:
     if _LOADED_ENTRY_POINTS:
         return
     _LOADED_ENTRY_POINTS = True
-    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for target in load_entry_points(ENTRY_POINT_GROUP, "an Algorithm or a function that registers one"):
+        if isinstance(target, Algorithm):
+            register_algorithm(target)
+        else:
+            target()
+
+
+def load_entry_points(group: str, wanted: str) -> list[Any]:
+    """What each installed entry point of `group` names, loaded; one that fails to load, or names neither a callable
+    nor what the group wants (`wanted`, said in the error), is an error naming it."""
+    found = []
+    for point in metadata.entry_points(group=group):
         try:
             target = point.load()
         except Exception as err:
-            raise ImportError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {err}") from err
-        if isinstance(target, Algorithm):
-            register_algorithm(target)
-        elif callable(target):
-            target()
-        else:
+            raise ImportError(f"entry point {point.name} = {point.value!r} ({group}): {err}") from err
+        if not (callable(target) or isinstance(target, Algorithm)):
             raise TypeError(
-                f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}) names neither an Algorithm nor a "
-                f"function that registers one, but a {type(target).__name__}"
+                f"entry point {point.name} = {point.value!r} ({group}) names neither {wanted}, but a "
+                f"{type(target).__name__}"
             )
+        found.append(target)
+    return found
 
 
 def resolve(ref: Ref, what: str) -> Any:

@@ -19,10 +19,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Literal
 
-from algos.registry import resolve
+from algos.registry import load_entry_points, resolve
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -191,20 +190,13 @@ def aggregation_names() -> list[str]:
 
 
 def _load_entry_points() -> None:
-    """Call each installed ``redcoda.objectives`` entry point's function once a process; one that fails is an error
-    naming it."""
+    """Call each installed ``redcoda.objectives`` entry point's function once a process (`load_entry_points`)."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
-    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            target = point.load()
-        except Exception as err:
-            raise ImportError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {err}") from err
-        if not callable(target):
-            raise TypeError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}) names no function")
-        target()
+    for register in load_entry_points(ENTRY_POINT_GROUP, "a function that registers pieces"):
+        register()
 
 
 # --- the built-in pieces ------------------------------------------------------------------------------------------
