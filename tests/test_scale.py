@@ -163,10 +163,12 @@ def test_the_trainer_refuses_a_run_that_cannot_fit(tmp_path, capsys):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_vllm_engine_sized_in_gib_is_counted_as_sized():
+def test_a_vllm_engine_sized_in_gib_is_counted_as_sized(monkeypatch):
     """--vllm-kv-cache-gib: the engine counts its own weights and the cache it was given, not a share of the memory,
     so two ranks' engines fit one machine's estimate."""
     from algos.config import VALIDATE_ON_INIT
+
+    monkeypatch.setattr(memory, "device_memory", lambda device: 16 * memory.GIB)  # two reads of free RAM may differ
 
     shape = memory.Shape.of(_qwen25_3b_config())
     token = VALIDATE_ON_INIT.set(False)  # the settings alone: this venv need not hold vLLM
@@ -176,7 +178,7 @@ def test_a_vllm_engine_sized_in_gib_is_counted_as_sized():
     finally:
         VALIDATE_ON_INIT.reset(token)
     assert sized.parts["vllm engine"] == shape.parameters * 4 + 1.5 * memory.GIB
-    assert shared == preset_config("cpu").model.vllm_gpu_memory_utilization * memory.device_memory("cpu")
+    assert shared == preset_config("cpu").model.vllm_gpu_memory_utilization * 16 * memory.GIB
 
 
 def test_the_estimate_counts_the_rollout_batch_and_refuses_an_absurd_group(tmp_path, capsys):
