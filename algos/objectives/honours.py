@@ -86,6 +86,7 @@ CONDITIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tree_branch_turns": (lambda c: c.rl.rollout == "tree", "it shapes tree rollouts: add --rollout tree"),
     "kl_estimator": (lambda c: c.rl.kl_coef > 0, "it estimates the KL term, which is off: set --kl-coef"),
     "skip_zero_advantage": (lambda c: c.rl.kl_coef == 0, "with --kl-coef every context runs for its KL term"),
+    "recall_reward": (lambda c: not c.env.is_query_rewrite, "the query-rewrite env's reward is its recall@k already"),
 }
 """Settings honoured only beside another: name -> (whether the other is set, why not)."""
 
