@@ -258,10 +258,17 @@ ROLLOUT_PAIRS = [
 ]
 
 
-def _two_steps(algo: str, run_dir, **values: object) -> list[dict[str, float]]:
+def _two_steps(algo: str, run_dir, varied: bool = False, **values: object) -> list[dict[str, float]]:
+    """What two tiny steps log; `varied`: the episodes' rewards set to 1, 0, 1, ... so that the RL term has a signal
+    (the tiny random model's own all tie)."""
     entry = algorithm(algo)
     config = preset_config("tiny", entry.config_class(), **{**entry.defaults_for("tiny"), **values, "algo": algo})
     run = TrainingRun(config.with_values(run_dir=str(run_dir)))
+    if varied:
+        collect = run.collector.collect
+        run.collector.collect = lambda n=None: [
+            dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(collect(n))
+        ]
     try:
         rows = [run.learner.train_step() for _ in range(2)]
     finally:
@@ -274,12 +281,12 @@ def _two_steps(algo: str, run_dir, **values: object) -> list[dict[str, float]]:
 def test_a_rollout_or_learner_setting_changes_two_steps(tmp_path, algo, name):
     """Each honoured setting that acts before the step's batch (the rollouts) or in a learner's own modules changes
     what two tiny steps log; a refused one is refused (the table test above)."""
-    example = ROLLOUT_SETTINGS_CHANGED[name]
+    example, varied = ROLLOUT_SETTINGS_CHANGED[name], name == "update_epochs"  # more epochs move only a signal
     try:
-        changed = _two_steps(algo, tmp_path / "changed", **example)
+        changed = _two_steps(algo, tmp_path / "changed", varied, **example)
     except ValueError as err:  # refused for this algorithm: in one line, naming the setting
         assert any(str(err).startswith("--" + key.replace("_", "-")) for key in example), err
         return
     companions = {"group_size": 3} if name == "rollout" else {k: v for k, v in example.items() if k != name}
-    before = _two_steps(algo, tmp_path / "before", **companions)
+    before = _two_steps(algo, tmp_path / "before", varied, **companions)
     assert before != changed, f"{algo}: {example} changed nothing of two steps"
