@@ -93,10 +93,12 @@ class RunFinish:
         evaluation: dict[str, Any] | None,
         validation: dict[str, Any] | None,
         curves: str | None,
+        record: dict[str, Any] | None = None,
     ) -> None:
         """Rank 0, at the end: final/'s card with the held-out table, the run config beside metrics.jsonl, the
-        end-of-run wandb tables and images, and the upload to ``--push-to-hub``."""
-        record = run_provenance(self.config, final)
+        end-of-run wandb tables and images, and the upload to ``--push-to-hub``. `record`: the summary's provenance
+        (computed once: it hashes the weights); None computes it."""
+        record = record if record is not None else run_provenance(self.config, final)
         outputs.describe_final_model(final, self.config, self.step, evaluation, validation, record)
         outputs.write_run_config(self.config, self.run_dir)
         outputs.write_provenance(record, self.run_dir)

@@ -518,7 +518,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
         except run_control.Interrupted as err:
             raise run_control.Interrupted(err.signum, self.step, checkpoint, final=final) from None
         if final is not None:
-            self.publish(final, summary.get("evaluation"), validation, summary.get("curves"))
+            self.publish(final, summary.get("evaluation"), validation, summary.get("curves"), summary.get("provenance"))
         distributed.barrier()  # every file is written before any rank returns
         if self.world.is_main:
             print_summary(summary)
