@@ -259,6 +259,7 @@ CONFIG_RULES: tuple[tuple[str, Callable[[object], bool], str], ...] = (
     ("sft_num_demos", at_least(1), ">= 1"),
     ("red_max_factor", at_least(1), ">= 1"),
     ("red_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("red_window", lambda v: v == 0 or v >= 3, "0 (the EMAs) or >= 3 steps"),
     ("save_every", at_least(0), ">= 0 (0: only the final checkpoint)"),
     ("keep_checkpoints", at_least(1), ">= 1"),
     ("seed", lambda v: 0 <= v < 2**32, "in [0, 2**32) (NumPy's seeds)"),

@@ -304,7 +304,10 @@ class SFTSettings:
     red_max_factor: float = 5.0
     """RED's G: bound of each factor; the weight lies in [1, G^2]."""
     red_decay: float = 0.99
-    """RED's EMA decay of both entropies."""
+    """RED's EMA decay of both entropies (with --red-window 0)."""
+    red_window: int = 0
+    """RED: 0 tracks both entropies by EMAs (--red-decay) and reads one step's accuracy; K >= 3 tracks them over the
+    last K steps (mean, slope beyond its standard error) and reads the mean accuracy of those steps."""
     red_use_accuracy: bool = True
     """RED: include the batch-accuracy factor."""
     sft_batch_size: int = 8

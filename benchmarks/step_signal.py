@@ -5,7 +5,8 @@
 Reads the per-step metrics a trainer writes (one JSON object a line) and prints, per run: its RL steps and their rate
 (steps a minute of step time), the share of steps on which some context carried a non-zero advantage (``rl/signal_rows``
 > 0; older runs without it: some group's rewards differed), the mean share of such contexts, the episodes played a step
-(dynamic sampling plays more), the mean F1 of what it sampled, the mean gradient norms of the RL and SFT terms, and for
+(dynamic sampling plays more), the mean F1 of what it sampled and the longest run of consecutive steps whose rollouts
+all scored F1 0 (a trough the held-out score may not show), the mean gradient norms of the RL and SFT terms, and for
 GRPO + RED how often its entropy weight and its accuracy factor left their bounds and changed from one step to the next.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "summarize"]
+__all__ = ["longest_zero_run", "main", "summarize"]
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -44,6 +45,15 @@ def _moves(values: Sequence[float], low: float, high: float) -> tuple[float, flo
     return inside, changed
 
 
+def longest_zero_run(values: Sequence[float]) -> int:
+    """The most consecutive values equal to 0 (a missing value ends a run)."""
+    longest = current = 0
+    for value in values:
+        current = current + 1 if value == 0 else 0
+        longest = max(longest, current)
+    return longest
+
+
 def summarize(rows: Sequence[dict[str, Any]], red_max_factor: float = 5.0) -> dict[str, float]:
     """The figures of one run's metrics rows (RL steps only: rows with sampled episodes)."""
     steps = [r for r in rows if "train/episodes" in r]
@@ -60,6 +70,7 @@ def summarize(rows: Sequence[dict[str, Any]], red_max_factor: float = 5.0) -> di
         "signal_rows": _mean([r.get("rl/signal_rows", float("nan")) for r in steps]),
         "episodes_per_step": _mean([r["train/episodes"] for r in steps]),
         "sampled_f1": _mean([r.get("answer_f1/mean", float("nan")) for r in steps]),
+        "longest_f1_zero_run": longest_zero_run([r.get("answer_f1/mean", float("nan")) for r in steps]),
         "rl_grad_norm": _mean([r.get("rl/grad_norm", float("nan")) for r in steps]),
         "sft_grad_norm": _mean([r.get("sft/grad_norm", float("nan")) for r in steps]),
     }

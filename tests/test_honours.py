@@ -48,6 +48,7 @@ EXAMPLES: dict[str, dict[str, object]] = {
     "red_max_factor": {"red_max_factor": 3.0},
     "red_decay": {"red_decay": 0.9},
     "red_use_accuracy": {"red_use_accuracy": False},
+    "red_window": {"red_window": 8},
     "sft_batch_size": {"sft_batch_size": 3},
     "sft_planner_share": {"sft_planner_share": 0.5},
     "sft_mix": {"sft_mix": "questions"},

@@ -237,3 +237,42 @@ def test_the_curves_show_the_held_out_scores_beside_the_rollouts(tmp_path, monke
     assert (list(final.get_xdata()), list(final.get_ydata())) == ([10], [0.21])  # at the step the validation chose
     reward_axis = next(ax for ax in drawn["fig"].axes if ax.get_title() == "reward")
     assert {line.get_label() for line in reward_axis.get_lines()} == {"rollouts, each step", "rollouts, 10-step mean"}
+
+
+def test_a_red_runs_curves_show_its_factors_and_its_averages_beside_each_steps_entropy(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {
+            "step": s,
+            "answer_f1/mean": 0.0,
+            "sft/weight": 5.0,
+            "red/final_weight": 5.0,
+            "red/entropy_weight": 1.0 + s,
+            "red/accuracy_factor": 5.0 / (1.0 + s),
+            "train/rl_entropy": 3.0 / s,
+            "red/h_rl": 3.0 - s / 10,
+            "sft/entropy": 2.0 / s,
+            "red/h_sft": 2.0 - s / 10,
+        }
+        for s in range(1, 5)
+    ]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, out, **kw: drawn.setdefault("fig", fig))
+    assert plot_curves(metrics, tmp_path / "curves.png")
+
+    axes = {ax.get_title(): ax for ax in drawn["fig"].axes}
+    assert {"SFT weight (RED w)", "RED's factors", "entropy (nats)"} <= set(axes)
+
+    def lines(title: str) -> dict:
+        return {line.get_label(): list(line.get_ydata()) for line in axes[title].get_lines()}
+
+    factors = lines("RED's factors")
+    assert factors["entropy weight"] == [r["red/entropy_weight"] for r in rows]
+    assert factors["accuracy factor"] == [r["red/accuracy_factor"] for r in rows]
+    entropy = lines("entropy (nats)")
+    assert entropy["RL, each step"] == [r["train/rl_entropy"] for r in rows]
+    assert entropy["RL, RED's average"] == [r["red/h_rl"] for r in rows]
+    assert entropy["SFT, RED's average"] == [r["red/h_sft"] for r in rows]

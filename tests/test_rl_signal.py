@@ -272,3 +272,13 @@ def test_the_step_signal_report_counts_signal_steps_and_reds_moves(tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         main([str(empty)])
     assert stop.value.code == 2
+
+
+def test_the_step_signal_report_finds_the_longest_run_of_f1_zero_steps():
+    from benchmarks.step_signal import longest_zero_run, summarize
+
+    assert longest_zero_run([0.0, 0.5, 0.0, 0.0, 0.0, float("nan"), 0.0, 0.2]) == 3
+    assert longest_zero_run([0.1, 0.2]) == 0 and longest_zero_run([]) == 0
+    f1 = [0.0, 0.0, 0.25, 0.0, 0.0, 0.0, 0.0, 0.5]
+    rows = [{"train/episodes": 4, "rl/signal_rows": 0.0, "answer_f1/mean": value} for value in f1]
+    assert summarize(rows)["longest_f1_zero_run"] == 4

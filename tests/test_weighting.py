@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from algos.objectives.weighting import RED, FixedSFT, NoSFT, SFTWeighting
+from algos.objectives.weighting import RED, FixedSFT, NoSFT, SFTWeighting, Trend
 
 
 def test_every_rule_has_the_interface():
@@ -150,3 +150,109 @@ def test_red_rejects_bad_input():
         RED().weight(rl_entropy=1.0, batch_accuracy=1.5)
     with pytest.raises(ValueError):
         RED().weight(rl_entropy=math.nan, batch_accuracy=0.5)
+
+
+def test_trend_by_hand():
+    trend = Trend(window=3)
+    assert trend.slope_and_error()[0] == 0.0 and trend.change == 0.0
+    for x in (1.0, 2.0):
+        trend.add(x)
+    assert trend.change == 0.0  # two points: a slope but no error, so no change counts
+    trend.add(4.0)
+    # t = 0, 1, 2 (mean 1), y mean 7/3, sum (t - 1)^2 = 2; slope ((-1)(-4/3) + (1)(5/3)) / 2 = 1.5;
+    # fitted 5/6, 7/3, 23/6 -> residuals 1/6, -1/3, 1/6, RSS 1/6; se = sqrt(RSS / (3 - 2) / 2) = sqrt(1/12)
+    slope, se = trend.slope_and_error()
+    assert trend.mean == pytest.approx(7 / 3)
+    assert slope == pytest.approx(1.5) and se == pytest.approx(math.sqrt(1 / 12))
+    assert trend.change == pytest.approx(1.5 - math.sqrt(1 / 12))
+    trend.add(5.0)  # the window drops the oldest value: 2, 4, 5
+    assert trend.values == [2.0, 4.0, 5.0] and trend.mean == pytest.approx(11 / 3)
+
+
+def test_a_trend_inside_its_noise_counts_no_change():
+    trend = Trend(window=4)
+    for x in (1.0, 2.0, 1.0, 2.0):
+        trend.add(x)
+    # slope 1 / 5 = 0.2; residuals -0.2, 0.6, -0.6, 0.2 -> RSS 0.8; se = sqrt(0.8 / 2 / 5) = 0.283 > 0.2
+    slope, se = trend.slope_and_error()
+    assert slope == pytest.approx(0.2) and se == pytest.approx(math.sqrt(0.08))
+    assert trend.change == 0.0
+    falling = Trend(window=4)
+    for x in (4.0, 3.0, 2.0, 1.0):
+        falling.add(x)
+    assert falling.slope_and_error() == pytest.approx((-1.0, 0.0)) and falling.change == pytest.approx(-1.0)
+
+
+def test_red_with_a_window_by_hand():
+    """window 3, G = 5: both entropies and the accuracy over the last 3 steps."""
+    red = RED(max_factor=5.0, window=3)
+    # step 1: rl [3]: no change; dH_sft 0 -> entropy weight 1; accuracy mean 0 -> factor 5
+    assert red.weight(rl_entropy=3.0, batch_accuracy=0.0) == pytest.approx(5.0)
+    red.observe_sft_entropy(2.0)
+    # step 2: rl [3, 2]: no change yet; accuracy mean (0 + 0.5) / 2 = 0.25 -> factor 5 ** 0.5
+    assert red.weight(rl_entropy=2.0, batch_accuracy=0.5) == pytest.approx(math.sqrt(5))
+    assert red.metrics()["red/accuracy"] == pytest.approx(0.25) and red.metrics()["red/batch_accuracy"] == 0.5
+    red.observe_sft_entropy(1.0)
+    # step 3: rl [3, 2, 1] a straight line: slope -1, se 0, change -1; sft [2, 1]: no change -> weight 1;
+    # accuracy mean (0 + 0.5 + 1) / 3 = 0.5 -> factor 1
+    assert red.weight(rl_entropy=1.0, batch_accuracy=1.0) == pytest.approx(1.0)
+    assert red.dh_rl == pytest.approx(-1.0) and red.metrics()["red/dh_rl_se"] == pytest.approx(0.0)
+    red.observe_sft_entropy(0.5)
+    # sft [2, 1, 0.5]: slope -0.75; residuals 1/12, -1/6, 1/12, RSS 1/24; se sqrt(1/48); change -(0.75 - se)
+    sft_change = -(0.75 - math.sqrt(1 / 48))
+    assert red.dh_sft == pytest.approx(sft_change) and red.h_sft == pytest.approx(7 / 6)
+    # step 4: rl [2, 1, 1]: slope -0.5; residuals 1/6, -1/3, 1/6, RSS 1/6; se sqrt(1/12); change -(0.5 - se)
+    rl_change = -(0.5 - math.sqrt(1 / 12))
+    # accuracy [0.5, 1, 0] mean 0.5 -> factor 1; entropy weight |sft change| / |rl change| = 0.606 / 0.211 = 2.866
+    w = red.weight(rl_entropy=1.0, batch_accuracy=0.0)
+    assert red.dh_rl == pytest.approx(rl_change) and red.h_rl == pytest.approx(4 / 3)
+    assert w == pytest.approx(abs(sft_change) / (abs(rl_change) + 1e-8)) and w == pytest.approx(2.866, abs=1e-3)
+    metrics = red.metrics()
+    assert metrics["red/entropy_weight"] == pytest.approx(w) and metrics["red/accuracy_factor"] == pytest.approx(1)
+    assert metrics["red/dh_rl_slope"] == pytest.approx(-0.5) and metrics["red/dh_sft_slope"] == pytest.approx(-0.75)
+    assert metrics["red/dh_sft_se"] == pytest.approx(math.sqrt(1 / 48))
+
+
+def test_red_with_a_window_forgets_the_first_batch():
+    """The EMA at 0.99 still holds most of the first batch after 47 steps; a window of 8 holds none of it."""
+    ema, window = RED(), RED(window=8)
+    for step in range(47):
+        entropy = 4.0 if step == 0 else 0.3
+        for red in (ema, window):
+            red.weight(rl_entropy=entropy, batch_accuracy=0.0)
+            red.observe_sft_entropy(1.0)
+    assert ema.h_rl > 0.3 + 0.6 * (4.0 - 0.3)  # 0.99 ** 46 = 0.63 of the first batch is still in it
+    assert window.h_rl == pytest.approx(0.3) and window.dh_rl == 0.0
+
+
+def test_red_with_a_window_state_round_trip_and_checks():
+    rng = random.Random(3)
+    steps = [(rng.uniform(0.5, 2.0), rng.random(), rng.uniform(0.5, 2.0)) for _ in range(12)]
+    red = RED(window=4)
+    for rl_entropy, acc, sft_entropy in steps[:6]:
+        red.weight(rl_entropy=rl_entropy, batch_accuracy=acc)
+        red.observe_sft_entropy(sft_entropy)
+    resumed = RED(window=4)
+    resumed.load_state_dict(json.loads(json.dumps(red.state_dict())))
+    assert resumed.state_dict() == red.state_dict()
+    for rl_entropy, acc, sft_entropy in steps[6:]:
+        assert resumed.weight(rl_entropy=rl_entropy, batch_accuracy=acc) == red.weight(
+            rl_entropy=rl_entropy, batch_accuracy=acc
+        )
+        red.observe_sft_entropy(sft_entropy)
+        resumed.observe_sft_entropy(sft_entropy)
+    for bad in (1, 2, -1):
+        with pytest.raises(ValueError, match="window"):
+            RED(window=bad)
+    with pytest.raises(ValueError):
+        RED(window=3).weight(rl_entropy=math.inf, batch_accuracy=0.5)
+
+
+def test_red_with_a_window_logs_a_slope_only_once_it_has_an_error():
+    red = RED(window=3)
+    for step, entropy in enumerate((3.0, 2.0, 1.5, 1.2)):
+        red.weight(rl_entropy=entropy, batch_accuracy=0.0)
+        red.observe_sft_entropy(entropy / 2)
+        metrics = red.metrics()
+        assert ("red/dh_rl_se" in metrics) == (step >= 2) and ("red/dh_sft_se" in metrics) == (step >= 3)
+        assert all(math.isfinite(value) for value in metrics.values())

@@ -71,7 +71,7 @@ _DEMOS = frozenset(
 WEIGHTING_SETTINGS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "fixed": _DEMOS | {"sft_coef"},
-    "red": _DEMOS | {"sft_coef", "red_max_factor", "red_decay", "red_use_accuracy"},
+    "red": _DEMOS | {"sft_coef", "red_max_factor", "red_decay", "red_use_accuracy", "red_window"},
 }
 """By SFT weighting rule: the settings of its term and of the demonstrations it draws (a rule given as a function
 honours the fixed rule's)."""
@@ -87,6 +87,7 @@ CONDITIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "kl_estimator": (lambda c: c.rl.kl_coef > 0, "it estimates the KL term, which is off: set --kl-coef"),
     "skip_zero_advantage": (lambda c: c.rl.kl_coef == 0, "with --kl-coef every context runs for its KL term"),
     "recall_reward": (lambda c: not c.env.is_query_rewrite, "the query-rewrite env's reward is its recall@k already"),
+    "red_decay": (lambda c: c.sft.red_window == 0, "it is the EMAs' decay, and --red-window tracks a window instead"),
 }
 """Settings honoured only beside another: name -> (whether the other is set, why not)."""
 

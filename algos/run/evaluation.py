@@ -300,6 +300,7 @@ def plot_curves(
     validation: dict[str, Any] | None = None,
 ) -> Path | None:
     """curves.png: reward, answer F1, valid-answer rate and SFT weight per step (None when nothing to plot).
+    A RED run adds its factors and entropies (`_red_panels`).
 
     Each step's value is a dot and a line of their trailing 10-step mean (a step's rollouts are a handful of
     episodes, so one step says little). The F1 and valid-answer panels also show what was measured on questions
@@ -329,8 +330,13 @@ def plot_curves(
     ]
     steps = [r["step"] for r in rows]
     final_step = validation["selected_step"] if validation else steps[-1]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
-    for ax, (key, title, held_out) in zip(axes, panels, strict=True):
+    red = any("red/entropy_weight" in r for r in rows)
+    rows_of_panels, columns = (2, 3) if red else (1, len(panels))  # a RED run's six panels in two rows
+    fig, grid = plt.subplots(rows_of_panels, columns, figsize=(4 * columns, 3.4 * rows_of_panels))
+    axes = list(grid.flat)
+    if red:
+        _red_panels(axes[len(panels) :], rows, steps)
+    for ax, (key, title, held_out) in zip(axes, panels, strict=False):
         values = [float(r.get(key, math.nan)) for r in rows]
         ax.plot(steps, values, ".", color="0.65", markersize=4, label="rollouts, each step")
         ax.plot(steps, moving_average(values, 10), color="C0", linewidth=2, label="rollouts, 10-step mean")
@@ -366,6 +372,33 @@ def plot_curves(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _red_panels(axes: Sequence[Any], rows: Sequence[dict[str, Any]], steps: Sequence[int]) -> None:
+    """RED's two factors (entropy weight, accuracy factor) beside its final weight; the entropies it tracks, each
+    step's value (dots) beside RED's average of it (line: ``red/h_rl`` against ``train/rl_entropy``, ``red/h_sft``
+    against ``sft/entropy``), so a reader sees whether the averages follow the run."""
+
+    def series(key: str) -> list[float]:
+        return [float(r.get(key, math.nan)) for r in rows]
+
+    factors, entropies = axes
+    factors.plot(steps, series("red/final_weight"), color="0.3", linewidth=2, label="final weight w")
+    factors.plot(steps, series("red/entropy_weight"), ".-", color="C0", markersize=4, label="entropy weight")
+    factors.plot(steps, series("red/accuracy_factor"), ".-", color="C1", markersize=4, label="accuracy factor")
+    factors.set_yscale("log")
+    factors.set_title("RED's factors")
+    for key, average, color, label in (
+        ("train/rl_entropy", "red/h_rl", "C0", "RL"),
+        ("sft/entropy", "red/h_sft", "C2", "SFT"),
+    ):
+        entropies.plot(steps, series(key), ".", color=color, markersize=4, alpha=0.6, label=f"{label}, each step")
+        entropies.plot(steps, series(average), color=color, linewidth=2, label=f"{label}, RED's average")
+    entropies.set_title("entropy (nats)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
 
 
 def _rank_and_size() -> tuple[int, int]:

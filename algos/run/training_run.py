@@ -75,9 +75,8 @@ def make_weighting(config: Config) -> SFTWeighting:
         return NoSFT()
     if rule == "fixed":
         return FixedSFT()
-    return RED(
-        max_factor=config.sft.red_max_factor, decay=config.sft.red_decay, use_accuracy=config.sft.red_use_accuracy
-    )
+    sft = config.sft
+    return RED(sft.red_max_factor, sft.red_decay, sft.red_use_accuracy, sft.red_window)
 
 
 class TimedSampler(SamplerWrapper):
