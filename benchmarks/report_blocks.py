@@ -196,6 +196,31 @@ def headline_f1() -> tuple[float, list[int]]:
     return mean(_mean(_after(r)["F1"]) for r in runs), [r.header["provenance"]["seed"] for r in runs]
 
 
+def step_signal(names: str) -> str:
+    """Stored trainer runs (comma-joined names), one row each, from their metrics rows (`benchmarks.step_signal`):
+    steps, the share of steps with an RL signal, the longest run of steps whose rollouts all scored F1 0, and for
+    RED how often its entropy weight and accuracy factor sat strictly inside their bounds, and its mean weight."""
+    from benchmarks.step_signal import summarize
+
+    lines = [
+        "| run | steps | steps with a signal | longest F1-0 run | RED entropy weight inside (1, G) "
+        "| RED accuracy factor inside (1/G, G) | RED mean w |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        run = load(name)
+        if not run.metrics:
+            raise SystemExit(f"{name}: the store holds no metrics rows for it")
+        got = summarize(run.metrics, (run.header.get("config") or {}).get("red_max_factor", 5.0))
+        red = [f"{got[k]:.2f}" if k in got else "-" for k in ("red_entropy_inside", "red_accuracy_inside")]
+        weight = f"{got['red_weight_mean']:.2f}" if "red_weight_mean" in got else "-"
+        lines.append(
+            f"| {name} | {got['steps']} | {got['signal_steps']:.2f} | {got['longest_f1_zero_run']} | "
+            f"{red[0]} | {red[1]} | {weight} |"
+        )
+    return "\n".join(lines)
+
+
 def env_overhead(name: str) -> str:
     """A stored env_overhead run: the step, the retrieval alone, the env's share; the server comparison."""
     header = load(name).header
@@ -281,5 +306,6 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "held-out": held_out,
     "evaluations": evaluations,
     "stats": paired_stats,
+    "step-signal": step_signal,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

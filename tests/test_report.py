@@ -177,3 +177,20 @@ def test_provenance_names_the_code_machine_packages_data_and_model(tmp_path):
     other = provenance(seed=1, env_kwargs={"split": "dev", "top_k": 5}, model="smollm2-135m")
     assert other["data"]["index_settings_hash"] != record["data"]["index_settings_hash"]
     assert other["model"] == {"model": "smollm2-135m", "hash": None}
+
+
+def test_the_step_signal_block_reads_the_stored_metrics_rows(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    run_dir = _run_dir(tmp_path, "a", [1.0, 0.0])
+    rows = [
+        {"step": step, "train/episodes": 4, "rl/signal_rows": signal, "answer_f1/mean": f1,
+         "red/entropy_weight": entropy, "red/accuracy_factor": 5.0, "red/final_weight": 5.0 * entropy}
+        for step, signal, f1, entropy in ((1, 0.0, 0.0, 1.0), (2, 0.0, 0.0, 2.0), (3, 0.5, 0.5, 1.0))
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ingest(run_dir, "run-a", first_search=False, store=tmp_path / "store")
+    monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
+    text, changed = report.rebuilt("<!-- report:step-signal run-a -->\n<!-- /report -->\n", "page.md")
+    assert changed == ["page.md: step-signal run-a"]
+    assert text.splitlines()[3] == "| run-a | 3 | 0.33 | 2 | 0.33 | 0.00 | 6.67 |"
