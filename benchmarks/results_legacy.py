@@ -19,6 +19,7 @@ main job's ``metrics.jsonl``), they are stored too, and the pages' figures are d
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,13 @@ def _table_kind(rows: list[dict[str, Any]]) -> str:
     return "paired" if "comparison" in keys else "runs" if "run" in keys else "systems"
 
 
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """A run directory's restored metrics.jsonl as ``metrics`` records (none when it has none)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [{"record": "metrics", **json.loads(line)} for line in lines if line.strip()]
+
+
 def _missing(metrics: list[dict[str, Any]]) -> list[str]:
     return [m for m in MISSING if not (metrics and m == "metrics rows")]
 
@@ -74,8 +82,6 @@ def _stated(text: str, label: str) -> str | None:
 
 def comparison_records(folder: Path) -> list[dict[str, Any]]:
     """A committed comparison folder's records: its header and every row of table.md."""
-    from benchmarks.results_store import metrics_rows
-
     text = (folder / "table.md").read_text(encoding="utf-8")
     first = text.split("\n\n", 1)[0]
     runs = sorted(p.parent for p in folder.glob("runs/*/metrics.jsonl"))
@@ -103,8 +109,6 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
 def main_job_records(folder: Path) -> list[dict[str, Any]]:
     """A committed main job folder's records: eval.md's before/after rows, run.log's steps and validation (F1 and
     valid answers by step), and the metrics rows where ``metrics.jsonl`` is restored."""
-    from benchmarks.results_store import metrics_rows
-
     log = (folder / "run.log").read_text(encoding="utf-8", errors="replace")
     evaluation = (folder / "eval.md").read_text(encoding="utf-8")
     steps = re.search(r"│ steps\s+│ (\d+)", log)

@@ -128,8 +128,7 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """A run directory's metrics.jsonl as ``metrics`` records (none when it has no such file)."""
+def _metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
@@ -166,7 +165,7 @@ def ingest_trainer_run(run_dir: Path, first_search: bool = True) -> list[dict[st
     }
     questions = question_records(evaluation["after"], "after", first_search)
     questions += question_records(evaluation["before"], "before", False)
-    return [header, *questions, *metrics_rows(run_dir)]
+    return [header, *questions, *_metrics_rows(run_dir)]
 
 
 def ingest_comparison(out: Path, first_search: bool = True) -> list[dict[str, Any]]:
@@ -182,7 +181,7 @@ def ingest_comparison(out: Path, first_search: bool = True) -> list[dict[str, An
 
         records += comparison_records(out)[1:]
     for run_dir in sorted((out / "runs").glob("*")):
-        records += [{**row, "run": run_dir.name} for row in metrics_rows(run_dir)]
+        records += [{**row, "run": run_dir.name} for row in _metrics_rows(run_dir)]
     return records
 
 
