@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,8 @@ def _seed_curves(run_dirs: Sequence[Path], key: str) -> np.ndarray:
     return np.array([s[:n] for s in series], dtype=np.float64)  # (seeds, steps)
 
 
-def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
-    """Learning curves with seed bands (`CURVES`) and RED's weight factors (red_weights.png).
+def plot(run_dirs: dict[str, list[Path]], out: Path, files: Collection[str] | None = None) -> list[str]:
+    """Learning curves with seed bands (`CURVES`) and RED's weight factors (red_weights.png); `files`: only these.
 
     Each curve is the mean over seeds of a trailing `SMOOTH_STEPS`-step mean of the training rollouts'
     metric; the band spans the seeds' lowest to highest value at each step.
@@ -59,6 +59,8 @@ def plot(run_dirs: dict[str, list[Path]], out: Path) -> list[str]:
     ]
     written = []
     for filename, keys in panels.items():
+        if files is not None and filename not in files:
+            continue
         fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.5), squeeze=False)
         for ax, (key, label) in zip(axes[0], keys, strict=True):
             for algo, dirs in run_dirs.items():

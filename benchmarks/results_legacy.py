@@ -7,12 +7,19 @@
 A comparison folder (``compare-*``) kept ``table.md`` (and ``table.csv``): every table in it becomes ``row`` records
 (``table``: systems, paired, runs), and the header's command and machine the run's provenance. A main job folder
 (``main-job-*``) kept ``eval.md`` and ``run.log``: the before/after rows, the steps, the validation scores and the
-chosen step. Their per-question results, metrics rows, commits and data hashes were never kept, and the run record
-says so (``provenance.missing``): `benchmarks.report stats` cannot pair them again.
+chosen step. Their commits and data hashes were never recorded and their per-question results are not stored, and
+the run record says so (``provenance.missing``): `benchmarks.report stats` cannot pair them. Their metrics rows left
+the tree but not the git history; restored beside the folder's files (a comparison's ``runs/<run>/metrics.jsonl``, a
+main job's ``metrics.jsonl``), they are stored too, and the pages' figures are drawn from them:
+
+    git archive dfe5c88^ benchmarks/results/compare-cpu-flat-84/runs | tar -x   # the last commit that held them
+    python -m benchmarks.report ingest benchmarks/results/compare-cpu-flat-84
+    rm -r benchmarks/results/compare-cpu-flat-84/runs
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +27,7 @@ from typing import Any
 LEGACY = ("compare-", "main-job-")
 """The folder name prefixes this module reads."""
 MISSING = ["per-question results", "metrics rows", "code commit", "package versions", "data and model hashes"]
-"""What a run that predates the store never recorded."""
+"""What the store lacks of a run that predates it (its metrics rows aside, where they are restored)."""
 _INTERVAL = re.compile(r"^([+-]?[\d.]+(?:e-?\d+)?) \[([+-]?[\d.]+), ([+-]?[\d.]+)\]$")
 
 
@@ -57,6 +64,17 @@ def _table_kind(rows: list[dict[str, Any]]) -> str:
     return "paired" if "comparison" in keys else "runs" if "run" in keys else "systems"
 
 
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """A run directory's restored metrics.jsonl as ``metrics`` records (none when it has none)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [{"record": "metrics", **json.loads(line)} for line in lines if line.strip()]
+
+
+def _missing(metrics: list[dict[str, Any]]) -> list[str]:
+    return [m for m in MISSING if not (metrics and m == "metrics rows")]
+
+
 def _stated(text: str, label: str) -> str | None:
     found = re.search(rf"{label}: `?(.+?)`?\. ", text)
     return found[1] if found else None
@@ -66,6 +84,8 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
     """A committed comparison folder's records: its header and every row of table.md."""
     text = (folder / "table.md").read_text(encoding="utf-8")
     first = text.split("\n\n", 1)[0]
+    runs = sorted(p.parent for p in folder.glob("runs/*/metrics.jsonl"))
+    metrics = [{**row, "run": run.name} for run in runs for row in metrics_rows(run)]
     header = {
         "record": "run",
         "kind": "comparison",
@@ -74,24 +94,29 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
             "command": _stated(first, "Command"),
             "machine": _stated(first, "Machine"),
             "seeds": _stated(first, "seeds"),
-            "missing": MISSING,
+            "missing": _missing(metrics),
         },
-        "files": [str(p.name) for p in sorted(folder.iterdir()) if p.suffix in (".md", ".csv")],
+        "files": [str(p.name) for p in sorted(folder.iterdir()) if p.suffix in (".md", ".csv")]
+        + [f"runs/{run.name}/metrics.jsonl" for run in runs],
     }
     rows = []
     for table in markdown_tables(text):
         kind = _table_kind(table)
         rows += [{"record": "row", "table": kind, **row} for row in table]
-    return [header, *rows]
+    return [header, *rows, *metrics]
 
 
 def main_job_records(folder: Path) -> list[dict[str, Any]]:
-    """A committed main job folder's records: eval.md's before/after rows and run.log's steps and validation."""
+    """A committed main job folder's records: eval.md's before/after rows, run.log's steps and validation (F1 and
+    valid answers by step), and the metrics rows where ``metrics.jsonl`` is restored."""
     log = (folder / "run.log").read_text(encoding="utf-8", errors="replace")
     evaluation = (folder / "eval.md").read_text(encoding="utf-8")
     steps = re.search(r"│ steps\s+│ (\d+)", log)
     chosen = re.search(r"final model's step \(F1 on (\d+)\s+│ (\d+) \(", log)
-    validation = {int(s): float(f) for s, f in re.findall(r"validation: step_0*(\d+) F1 ([\d.]+)", log)}
+    scored = re.findall(r"validation: step_0*(\d+) F1 ([\d.]+)(?:, valid answers ([\d.]+))?", log)
+    validation = {int(s): float(f) for s, f, _ in scored}
+    answered = {int(s): float(a) for s, _, a in scored if a}
+    metrics = metrics_rows(folder)
     seed = re.search(r"seed(\d+)$", folder.name)
     header = {
         "record": "run",
@@ -101,7 +126,7 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
             "command": f"python -m algos.red_grpo --seed {seed[1] if seed else 0}",
             "command_source": "docs/results/main-job.md (run.log does not print it; the folder name gives the seed)",
             "seed": int(seed[1]) if seed else 0,
-            "missing": MISSING,
+            "missing": _missing(metrics),
         },
         "summary": {
             "steps": int(steps[1]) if steps else None,
@@ -109,10 +134,12 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
             "chosen_step": int(chosen[2]) if chosen else None,
             "validation_f1": {str(k): v for k, v in sorted(validation.items())},
         },
-        "files": ["eval.md", "run.log"],
+        "files": ["eval.md", "run.log"] + (["metrics.jsonl"] if metrics else []),
     }
+    if answered:
+        header["summary"]["validation_answered"] = {str(k): v for k, v in sorted(answered.items())}
     table = markdown_tables(evaluation)[0]
-    return [header, *({"record": "row", "table": "before_after", **row} for row in table)]
+    return [header, *({"record": "row", "table": "before_after", **row} for row in table), *metrics]
 
 
 def legacy_records(folder: Path) -> list[dict[str, Any]]:
