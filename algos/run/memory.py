@@ -157,15 +157,16 @@ def sampler_rows(
     candidates = [rows for rows in SAMPLER_ROWS if rows == SAMPLER_ROWS[0] or rows <= fill]
     if capacity is None:
         return candidates[-1], f"the most {episodes} episodes fill (no memory reading: an upper bound)"
+    usable = MARGIN * capacity
     for rows in reversed(candidates):
         need = estimate(with_sampler_rows(config, rows), shape, ranks=ranks, trainable=trainable).total
-        if rows == SAMPLER_ROWS[0] or need <= MARGIN * capacity:
-            left = "" if rows == candidates[-1] else f", {candidates[-1]} would not fit"
+        if need <= usable:
+            left = "" if rows == candidates[-1] else f"; {candidates[-1]} would not fit"
             return rows, (
-                f"the most {episodes} episodes fill whose run fits: estimate {need / GIB:.1f} of "
-                f"{MARGIN * capacity / GIB:.1f} GiB usable{left}"
+                f"{episodes} episodes a step; the run's estimate with {rows} rows {need / GIB:.1f} of "
+                f"{usable / GIB:.1f} GiB usable{left}"
             )
-    raise AssertionError("unreachable: the first candidate is always taken")
+    return SAMPLER_ROWS[0], f"none larger fits in {usable / GIB:.1f} GiB usable (the memory check says if this does)"
 
 
 def with_sampler_rows(config: Any, rows: int) -> Any:
