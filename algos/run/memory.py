@@ -269,11 +269,12 @@ def estimate(
         kv = rows * config.model.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
         parts["kv cache"] = kv + rows * shape.vocab * 4
         parts["kept kv cache"] = KEPT_CACHE_TOKENS * _kv_bytes_per_token(config, shape)
-    if config.run.save_every and shards == 1 and not config.model.torch_device.startswith("cuda"):
-        # a checkpoint's copy of the weights and AdamW state, held while it is written beside the next steps
-        # (`algos.checkpoints.background`); on a GPU it is in host memory, not the device's
+    if config.run.save_every and not config.model.torch_device.startswith("cuda"):
+        # a checkpoint's copy of the weights and AdamW state (under --fsdp each rank's shards of them), held while
+        # it is written beside the next steps (`algos.checkpoints.background`); on a GPU it is in host memory, not
+        # the device's
         copies = 3 + (1 if config.optim.weight_average is not None else 0)
-        parts["checkpoint copy"] = trainable * param_bytes * copies
+        parts["checkpoint copy"] = trainable * param_bytes * copies / shards
     eval_rows = None
     if _evaluation_episodes(config):  # after the last step: the step's activations, logits and rollouts are freed
         freed = parts["activations"] + parts["logits"] + parts["rollout batch"]

@@ -500,7 +500,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self._unsaved_metrics.append(metrics)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < cfg.optim.steps:
                     ckpt_start = time.perf_counter()  # the loop's share: the copy (and a wait for the last write)
-                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank, now)
+                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank)
                     saved_step = self.step
                     metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
                 if self.world.is_main:
