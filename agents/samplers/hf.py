@@ -20,7 +20,10 @@ Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as 
 docs/results/throughput.md); a finished greedy row leaves by a move of the last row into its place. On a GPU,
 `decode="graphs"` replays each step as one CUDA graph (`agents.samplers.static_decode`); `decode="static"` runs the
 same steps without graphs and samples what the dynamic path samples (tested); "auto" picks graphs on a GPU and
-static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice. Threads: one
+static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice; static steps run
+the smallest row bucket the live rows fit (`compact_rows`). The prefill attends with torch's SDPA where the model's
+class supports it (`sdpa_prefill`, `kv_cache.choose_prefill_attention`, logged). `lever_counts` says what these
+levers did (a trainer logs it per step as ``sampler/*`` metrics). Threads: one
 OpenMP thread per core on a shared CPU can be many times slower than `torch.set_num_threads(1)`; the sampler leaves
 that process-wide choice to the caller.
 """
