@@ -224,22 +224,31 @@ def token_mean(mean: float, tokens: float) -> float:
     return total / max(count, 1.0)
 
 
-def gather_objects(value: Any) -> list[Any]:
-    """Every rank's `value` (any picklable object), in rank order."""
+def gather_objects(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's `value` (any picklable object), in rank order; over `group` (None: the default group)."""
     if not _active():
         return [value]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 
-def broadcast_object(value: Any) -> Any:
-    """Rank 0's `value` on every rank."""
+def broadcast_object(value: Any, group: Any = None) -> Any:
+    """Rank 0's `value` on every rank; over `group` (None: the default group)."""
     if not _active():
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def side_group() -> Any:
+    """A new gloo process group of every rank, for collectives that a thread runs beside the training loop's (a
+    checkpoint written in the background): two threads' collectives on one group could pair up wrongly. A collective
+    itself: every rank calls it, at the same point. None without a process group."""
+    if not _active():
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def gather_episodes(trajectories: Sequence[Any]) -> list[Any]:

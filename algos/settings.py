@@ -141,8 +141,10 @@ class ModelSettings:
     vLLM engine in this process on the same GPU, which receives the policy's weights after updates, see
     sync_weights_every), or openai (an OpenAI-compatible server: evaluation only, since trained weights cannot reach
     it; `python -m benchmarks.evaluate --sampler openai`)."""
-    sampler_batch_size: int = 64
-    """Rows per sampler forward pass."""
+    sampler_batch_size: int | None = None
+    """Rows per sampler forward pass (on a GPU also the largest row bucket of the captured decode-step graphs); None:
+    64 on a CPU, and on a GPU the most of 64, 128 and 256 that the step's episodes fill and whose run's memory
+    estimate fits in the device's free memory (`algos.run.memory.sampler_rows`; the choice is logged at start)."""
     sampler_decode: Literal["auto", "dynamic", "static", "graphs"] = "auto"
     """The transformers sampler's decode steps: dynamic (the model's forward over a growing cache), graphs (one CUDA
     graph replay per step over static key/value buffers; GPU; Llama, Qwen2 and Mistral layers without a sliding

@@ -97,6 +97,7 @@ def step_metrics(
             "tokens/trained": trained,
             "tokens/s": trained / t_fwd_bwd if t_fwd_bwd > 0 else 0.0,
             "tokens/s_generation": sampler.tokens / sampler.seconds if sampler.seconds else 0.0,
+            **(sampler.lever_metrics() if hasattr(sampler, "lever_metrics") else {}),
             **peak_memory(run.device),
         }
     )

@@ -11,7 +11,9 @@ For each shape it prints the second step's split (generation, env and retrieval,
 optimizer), the update's share of the step, peak GPU memory, sampled and trained tokens, trajectories per GPU
 per second (the step's episodes over its wall time: every rank's episodes over the ranks), and generation tokens/s
 against the bound the machine's measured memory bandwidth sets (`decode_bound`: every weight read once a decode
-step for the sampler's rows). Each trainer's whole
+step for the sampler's rows). A second line says what the sampler's decoding levers did in that step (`levers`): its
+rows per graph batch, the live rows and the rows run per decode step, the prefill tokens prefix sharing saved, and
+the prefill's attention. Each trainer's whole
 output is kept as `trainer.log` in its run directory (under ``--work``).
 
     python -m benchmarks.scale_step                                     # the three shapes, the gpu preset
@@ -145,22 +147,29 @@ def read_bandwidth() -> float:
     return x.numel() * 2 / best_seconds(read, repeats=5, warmup=True)
 
 
-def decode_bound(model: Path, preset: str, extra: Sequence[str], bandwidth: float) -> tuple[float, int, float]:
+def decode_bound(
+    model: Path, preset: str, extra: Sequence[str], bandwidth: float, batch: int | None = None
+) -> tuple[float, int, float]:
     """The sampled tokens/s that `bandwidth` allows a run's decode steps, its rows and the weight bytes a step reads.
 
     A decode step reads every weight once (in bfloat16 under ``--bf16`` or bfloat16 weights, else float32) for all
-    of its rows, the sampler's batch (``--sampler-batch-size``, at most the step's episodes); the keys and values it
-    also reads are left out, so the bound is an upper one.
+    of its rows, the sampler's batch (`batch`, the trainer's ``sampler/rows_per_batch``; None: ``--sampler-batch-size``
+    or, where that chooses from the free memory, the most it may choose), at most the step's episodes; the keys and
+    values it also reads are left out, so the bound is an upper one.
     """
     from transformers import AutoConfig
 
     from algos.run.cli import parse_config
-    from algos.run.memory import count_parameters
+    from algos.run.memory import Shape, count_parameters, sampler_rows
 
     config = parse_config(["--preset", preset, "--model", str(model), *extra], algo="red_grpo")
     half = config.model.use_bf16 or config.model.param_dtype == "bfloat16"
-    weight_bytes = count_parameters(AutoConfig.from_pretrained(model)) * (2 if half else 4)
-    rows = min(config.model.sampler_batch_size, config.rl.questions_per_step * config.rl.group_size)
+    model_config = AutoConfig.from_pretrained(model)
+    parameters = count_parameters(model_config)
+    weight_bytes = parameters * (2 if half else 4)
+    if batch is None:
+        batch = sampler_rows(config, Shape.of(model_config, parameters=parameters), None)[0]
+    rows = min(batch, config.rl.questions_per_step * config.rl.group_size)
     return rows * bandwidth / weight_bytes, rows, weight_bytes
 
 
@@ -181,7 +190,6 @@ def run(shape: str, work: Path, preset: str, extra: Sequence[str], timeout: floa
         raise RuntimeError(f"{shape}: building the model failed (exit code {builder.exitcode})")
     with multiprocessing.get_context("spawn").Pool(1) as pool:  # its CUDA context ends with it
         bandwidth = pool.apply(read_bandwidth)
-    bound, decode_rows, weight_bytes = decode_bound(model, preset, extra, bandwidth)
     run_dir = work / f"{shape}-run"
     command = [sys.executable, "-m", "algos.red_grpo", "--preset", preset, "--model", str(model)]
     command += ["--corpus", "distractor", "--steps", "2", "--save-every", "0", "--eval-questions", "0"]
@@ -199,8 +207,38 @@ def run(shape: str, work: Path, preset: str, extra: Sequence[str], timeout: floa
         tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:])
         raise RuntimeError(f"{shape}: the trainer exited {done.returncode} (whole output: {log}):\n{tail}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    batch = rows[-1].get("sampler/rows_per_batch")
+    bound, decode_rows, weight_bytes = decode_bound(
+        model, preset, extra, bandwidth, None if batch is None else int(batch)
+    )
     bounds = {"bound/read_bytes_per_s": bandwidth, "bound/decode_tokens_per_s": bound, "bound/rows": decode_rows}
-    return {**rows[-1], **bounds, "bound/weight_bytes": weight_bytes}
+    return {**rows[-1], **bounds, "bound/weight_bytes": weight_bytes, "prefill_attention": prefill_attention(log)}
+
+
+def prefill_attention(log: Path) -> str | None:
+    """The prefill attention the trainer's sampler said it runs (`HFSampler`'s "sampler prefill attention: ..."
+    line in its log), or None where it said none (another sampler)."""
+    said = "sampler prefill attention: "
+    for line in log.read_text(errors="replace").splitlines():
+        if said in line:
+            return line.split(said, 1)[1].split(" (", 1)[0].strip()
+    return None
+
+
+def levers(row: dict[str, Any]) -> str | None:
+    """One line of what the transformers sampler's decoding levers did in the step (its ``sampler/*`` metrics and
+    the prefill attention it said), or None for a sampler without them."""
+    if "sampler/rows_per_batch" not in row:
+        return None
+    prefilled, saved = row["sampler/prefill_tokens"], row["sampler/prefill_tokens_saved"]
+    share = saved / (prefilled + saved) if prefilled + saved else 0.0
+    return (
+        f"  levers: {row['sampler/rows_per_batch']:.0f} rows per batch (the largest graph bucket); "
+        f"{row['sampler/live_rows_per_step']:.1f} live rows per decode step over {row['sampler/decode_steps']:.0f} "
+        f"steps, {row['sampler/stepped_rows_per_step']:.1f} run (finished rows leaving the bucket); "
+        f"prefill {prefilled:.0f} tokens, {saved:.0f} saved by prefix sharing ({share:.0%}); "
+        f"prefill attention {row.get('prefill_attention') or 'not said'}"
+    )
 
 
 def report(shape: str, row: dict[str, Any], ranks: int) -> str:
@@ -242,9 +280,13 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         work = Path(options.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for shape in options.shapes:
-            line = report(shape, run(shape, work, options.preset, extra), ranks)
+            row = run(shape, work, options.preset, extra)
+            line = report(shape, row, ranks)
             print(line, flush=True)
             lines.append(line)
+            if (said := levers(row)) is not None:
+                print(said, flush=True)
+                lines.append(said)
     return lines
 
 

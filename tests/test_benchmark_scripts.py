@@ -102,6 +102,20 @@ def test_the_decode_bound_reads_every_weight_once_per_step_for_the_samplers_rows
     assert half[1] == 64 and half[2] == parameters * 2
 
 
+def test_decode_levers_compares_each_lever_on_and_off(one_torch_thread):
+    from benchmarks.decode_levers import main
+
+    lines = main(
+        ["--hidden", "64", "--layers", "2", "--rows", "4", "--group", "2", "--new-tokens", "4", "--repeats", "1"]
+    )
+    assert [line.split(" | ")[0].split(" (")[0] for line in lines[2:5]] == [
+        "finished rows leave the bucket",
+        "prefix sharing",
+        "prefill attention",
+    ]
+    assert lines[-3].split(": ")[1].startswith("64 rows") and lines[-1].split(": ")[1].startswith("256 rows")
+
+
 def test_checkpoint_overlap_times_the_three_modes(one_torch_thread, tmp_path):
     from benchmarks.checkpoint_overlap import main
 

@@ -137,3 +137,52 @@ def test_a_process_killed_mid_write_leaves_the_previous_checkpoint_whole(tmp_pat
     assert torch.equal(kept.weights["w"], torch.arange(4096, dtype=torch.float32)) and kept.state["seen"] == 1
     save_checkpoint(root, 3, weights=kept.weights, optimizer=kept.optimizer, state={})
     assert not list(root.glob(".tmp-*"))  # the next save removes what the killed one left
+
+
+def _sharded_rank(rank: int, init: str, root: str) -> None:
+    """One of two gloo ranks: a sharded checkpoint taken, the live shards changed and collectives run on the default
+    group while the write goes on beside them on the side group, then read back."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from algos import distributed
+    from algos.checkpoints.sharded import load_sharded_tensors, snapshot_sharded_checkpoint
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        full = torch.arange(48.0).reshape(8, 6)
+        tensors = {"model": {"w": distribute_tensor(full, mesh, [Shard(0)]), "b": torch.ones(3)}}
+        group = distributed.side_group()
+        write = snapshot_sharded_checkpoint(root, 1, tensors=tensors, state={"note": "step 1"}, group=group)
+        tensors["model"]["w"].to_local().mul_(0.0)  # the next step changes the live shards (before the write starts)
+        tensors["model"]["b"].add_(1.0)
+        writer = BackgroundWriter()
+        writer.submit(write)
+        for _ in range(20):  # and runs its own collectives on the default group while the write goes on
+            assert distributed.all_sum(1.0)[0] == 2.0
+        path = writer.wait()
+        assert path == Path(root) / "step_000001" and checkpoint_problem(path) is None
+        back = {"model": {"w": distribute_tensor(torch.zeros(8, 6), mesh, [Shard(0)]), "b": torch.zeros(3)}}
+        load_sharded_tensors(path, back)
+        assert torch.equal(back["model"]["w"].full_tensor(), full)  # the moment it was taken
+        assert torch.equal(back["model"]["b"], torch.ones(3))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_is_written_beside_the_steps_from_its_copy(tmp_path):
+    """Two gloo ranks (`_sharded_rank`): each writes its own shards on its writer thread, from the copy taken before
+    the next step changed them, its collectives apart from the loop's."""
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_sharded_rank, args=(init, str(tmp_path / "checkpoints")), nprocs=2, start_method="spawn")
+    written = {
+        p.relative_to(tmp_path / "checkpoints" / "step_000001").as_posix()
+        for p in (tmp_path / "checkpoints" / "step_000001").rglob("*")
+        if p.is_file()
+    }
+    assert {"shards/__0_0.distcp", "shards/__1_0.distcp", "rng.safetensors", "rng_rank1.safetensors"} <= written

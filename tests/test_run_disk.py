@@ -85,5 +85,7 @@ def test_on_a_cpu_the_memory_estimate_counts_the_copy_a_checkpoint_is_written_fr
     shape = memory.Shape(parameters=N, layers=36, hidden=2048, intermediate=11008, vocab=151936, kv_dim=256)
     cpu = memory.estimate(preset_config("gpu", device="cpu"), shape)
     assert cpu.parts["checkpoint copy"] == N * 4 * 3  # weights and AdamW's two moments, float32
+    sharded = memory.estimate(preset_config("gpu", device="cpu", fsdp=True), shape, ranks=2)
+    assert sharded.parts["checkpoint copy"] == N * 4 * 3 / 2  # --fsdp: each rank copies its shards
     assert "checkpoint copy" not in memory.estimate(preset_config("gpu", device="cpu", save_every=0), shape).parts
     assert "checkpoint copy" not in memory.estimate(preset_config("gpu", device="cuda"), shape).parts  # host memory

@@ -22,6 +22,11 @@ class CacheSteps:
         self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
 
+    @property
+    def rows(self) -> int:
+        """Rows a step computes: the live rows (finished ones leave the cache at once)."""
+        return int(self.cache.layers[0].keys.shape[0])
+
     def __call__(self, token: torch.Tensor, attention: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Feed one token per live row ((alive,) each; `attention` (alive, columns) with the new column);
         returns the next logits, (alive, vocab)."""
@@ -68,7 +73,8 @@ class StaticSteps:
     """Decode steps of one call over a `StaticDecoder`'s buffers (CUDA graphs on a GPU), from its prefilled cache.
 
     Live rows sit in slots of the decoder's buffers; a row that finishes leaves its slot behind until the live
-    rows fit a smaller row bucket, when they are gathered into the first slots.
+    rows fit a smaller row bucket, when they are gathered into the first slots (`StaticDecoder.compact`; off, every
+    step runs the call's first bucket to the end).
     """
 
     def __init__(self, decoder: StaticDecoder, cache: DynamicCache, attention: torch.Tensor, widest: int) -> None:
@@ -103,7 +109,7 @@ class StaticSteps:
         index = torch.tensor(keep, device=self._slots.device)
         self.slots = [self.slots[j] for j in keep]
         self._slots = self._slots[index]
-        if row_bucket(len(self.slots)) < self.rows:
+        if self.decoder.compact and row_bucket(len(self.slots)) < self.rows:
             self.decoder.gather(self._slots, columns)
             self.slots = list(range(len(self.slots)))
             self._slots = torch.arange(len(self.slots), device=index.device)

@@ -20,7 +20,10 @@ Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as 
 docs/results/throughput.md); a finished greedy row leaves by a move of the last row into its place. On a GPU,
 `decode="graphs"` replays each step as one CUDA graph (`agents.samplers.static_decode`); `decode="static"` runs the
 same steps without graphs and samples what the dynamic path samples (tested); "auto" picks graphs on a GPU and
-static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice. Threads: one
+static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice; static steps run
+the smallest row bucket the live rows fit (`compact_rows`). The prefill attends with torch's SDPA where the model's
+class supports it (`sdpa_prefill`, `kv_cache.choose_prefill_attention`, logged). `lever_counts` says what these
+levers did (a trainer logs it per step as ``sampler/*`` metrics). Threads: one
 OpenMP thread per core on a shared CPU can be many times slower than `torch.set_num_threads(1)`; the sampler leaves
 that process-wide choice to the caller.
 """
@@ -45,10 +48,11 @@ from agents.samplers.decode_steps import CacheSteps, StaticSteps
 from agents.samplers.kv_cache import (
     KeptSequence,
     PrefixStore,
+    choose_prefill_attention,
     common_length,
-    grouped_attention,
     is_prefix,
     narrow_linears,
+    sampling_attention,
 )
 from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups
 from agents.samplers.static_decode import StaticDecoder, choose_decode
@@ -113,6 +117,16 @@ class HFSampler(TokenizerContext):
             and its few-row products take the W @ x^T form too (docs/results/throughput.md). "auto": graphs on a
             CUDA device and static elsewhere where the model allows them (`static_decode.choose_decode`: plain Llama,
             Qwen2 or Mistral layers, no sliding window, no LoRA wrappers), else dynamic; logged once at INFO.
+        share_prefixes: prefill once, before the call's rows, every prefix that several of its prompts share (a GRPO
+            group's identical prompts, the instructions under every prompt), and let the rows reuse its keys and
+            values (`_share_prefixes`; needs `cache_tokens` > 0): a group of G rollouts then prefills its prompt
+            once instead of G times. False prefills every row apart (the same samples; for parity tests).
+        compact_rows: static decoding (``decode`` "static" or "graphs"): once a call's live rows fit a smaller row
+            bucket, later steps run that bucket (`StaticDecoder.compact`). False steps the first bucket to the end.
+        sdpa_prefill: run the prefill (and the dynamic path's steps) through torch's scaled_dot_product_attention
+            where the model's class supports it, even if it was loaded with eager attention, on a CPU without
+            copying key/value heads per query head (`kv_cache.choose_prefill_attention`); logged once at INFO.
+            False keeps the model's own attention implementation.
     """
 
     def __init__(
@@ -128,6 +142,9 @@ class HFSampler(TokenizerContext):
         narrow_rows: int | None = None,
         decode: Literal["auto", "dynamic", "static", "graphs"] = "dynamic",
         pad_limit: float | None = None,
+        share_prefixes: bool = True,
+        compact_rows: bool = True,
+        sdpa_prefill: bool = True,
     ) -> None:
         self.model = model
         self._tokenizer = tokenizer
@@ -166,7 +183,18 @@ class HFSampler(TokenizerContext):
             raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
         self.decode = decode
         """How decode steps run: the model's forward over a growing cache, or static buffers (with CUDA graphs)."""
-        self._static = None if decode == "dynamic" else StaticDecoder(model, graphs=decode == "graphs")
+        self._static = (
+            None if decode == "dynamic" else StaticDecoder(model, graphs=decode == "graphs", compact=compact_rows)
+        )
+        self.share_prefixes = share_prefixes
+        """Whether prefixes that several prompts of a call share are prefilled once for all (`_share_prefixes`)."""
+        if sdpa_prefill:
+            self.prefill_attention, why = choose_prefill_attention(model, self.device)
+            logger.info("sampler prefill attention: %s (%s)", self.prefill_attention, why)
+        else:
+            self.prefill_attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
+        """The attention the prefill runs (`kv_cache.choose_prefill_attention`): "sdpa", "sdpa-grouped" (a CPU's,
+        over grouped key/value heads) or the model's own implementation's name."""
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
@@ -174,6 +202,29 @@ class HFSampler(TokenizerContext):
         self.shared_prefilled_tokens = 0
         """Of `prefilled_tokens`, those prefilled once for several rows of a call (`_share_prefixes`); rows count
         what they take from such a prefix in `reused_tokens`."""
+        self.shared_saved_tokens = 0
+        """Prompt tokens a call did not prefill because its rows share them (`share_prefixes`; a running count): the
+        tokens its rows would prefill beside what was kept before the call, less those it prefilled."""
+        self.decode_steps = 0
+        """Decode steps run (one token for every live row of a batch each; a running count)."""
+        self.live_row_steps = 0
+        """Live rows summed over the decode steps: over `decode_steps`, the average live rows a step."""
+        self.stepped_row_steps = 0
+        """Rows computed summed over the decode steps: the live rows and, in a static row bucket, the finished or
+        unused slots beside them (`compact_rows`); over `decode_steps`, the average rows a step runs."""
+
+    def lever_counts(self) -> dict[str, float]:
+        """The running counts of what the decoding levers did (the class's `share_prefixes`, `compact_rows`,
+        `sdpa_prefill` and ``max_batch_size``), by name, for a trainer's metrics: rows per batch, decode steps,
+        live and stepped rows summed over them, prompt tokens prefilled, and those prefix sharing saved."""
+        return {
+            "rows_per_batch": float(self.max_batch_size),
+            "decode_steps": float(self.decode_steps),
+            "live_row_steps": float(self.live_row_steps),
+            "stepped_row_steps": float(self.stepped_row_steps),
+            "prefilled_tokens": float(self.prefilled_tokens),
+            "prefill_tokens_saved": float(self.shared_saved_tokens),
+        }
 
     @property
     def cached_tokens(self) -> int:
@@ -241,7 +292,9 @@ class HFSampler(TokenizerContext):
             narrow = self._narrow_limit()
             if self._static is not None:
                 self._static.narrow_rows = narrow
-            with narrow_linears(self.model, narrow), grouped_attention(self.model):
+            with narrow_linears(self.model, narrow), sampling_attention(self.model, self.prefill_attention):
+                apart = self._fresh_tokens([ids for _, ids, _ in rows])  # before the call keeps anything
+                prefilled = self.prefilled_tokens
                 self._share_prefixes([ids for _, ids, _ in rows])
                 for chunk in self._batches(rows):
                     try:
@@ -251,6 +304,7 @@ class HFSampler(TokenizerContext):
                         completions = [self._decode_alone(row, params) for row in chunk]
                     for row, completion in zip(chunk, completions, strict=True):
                         results[row[0]] = completion
+                self.shared_saved_tokens += max(0, apart - (self.prefilled_tokens - prefilled))
         finally:
             self.model.train(was_training)
         return results  # type: ignore[return-value]  # every slot is filled above
@@ -264,7 +318,7 @@ class HFSampler(TokenizerContext):
         short of its prompts (a row's first sample needs its last prompt token fed). A failure here costs
         only the reuse: it is logged and the rows prefill everything themselves.
         """
-        if self._store is None or len(prompts) < 2:
+        if self._store is None or len(prompts) < 2 or not self.share_prefixes:
             return
         wanted: set[tuple[int, ...]] = set()
         ordered = sorted(prompts)
@@ -287,6 +341,16 @@ class HFSampler(TokenizerContext):
         finally:  # the counters speak of the call's rows: a prefix's own reuse is not theirs
             self.shared_prefilled_tokens += self.prefilled_tokens - prefilled
             self.reused_tokens = reused
+
+    def _fresh_tokens(self, prompts: list[list[int]]) -> int:
+        """The tokens `prompts` would prefill, each beside the longest kept sequence it starts with (what `_match`
+        reuses), the store's recency left as it is."""
+        if self._store is None:
+            return sum(len(ids) for ids in prompts)
+        return sum(
+            len(ids) - min(self._store.match(np.asarray(ids, dtype=np.int64), touch=False)[1], len(ids) - 1)
+            for ids in prompts
+        )
 
     def _batches(self, rows: list[_Row]) -> list[list[_Row]]:
         """A call's rows (sorted by length) in the batches that run together, `max_batch_size` at most each.
@@ -432,6 +496,9 @@ class HFSampler(TokenizerContext):
             if self._static is not None and isinstance(steps, CacheSteps):
                 steps = StaticSteps(self._static, steps.cache, attention, widest)
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
+            self.decode_steps += 1
+            self.live_row_steps += len(alive)
+            self.stepped_row_steps += steps.rows
             logits = steps(token, attention, next_position)
             next_position = next_position + 1
         return [self._finish(tokens[b], logps[b], reasons[b], params) for b in range(n)]

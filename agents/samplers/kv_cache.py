@@ -4,7 +4,8 @@
 them by longest common prefix; `AppendLayer` is a cache layer that writes each step's keys and values into
 reserved room; `narrow_linears` gives a model's float32 `nn.Linear` layers the W @ x^T form for few-row inputs
 on a CPU (`agents.samplers.static_decode.narrow_linear`; measured in docs/results/throughput.md), and
-`grouped_attention` lets a CPU prefill attend over grouped key/value heads without copying them per query head.
+`grouped_attention` lets a CPU prefill attend over grouped key/value heads without copying them per query head;
+`choose_prefill_attention` and `sampling_attention` pick and apply the attention a sampler's prefill runs.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ __all__ = [
     "AppendLayer",
     "KeptSequence",
     "PrefixStore",
+    "choose_prefill_attention",
     "common_length",
     "grouped_attention",
     "is_prefix",
     "narrow_linears",
+    "sampling_attention",
 ]
 
 
@@ -48,8 +51,9 @@ class PrefixStore:
         self.entries: OrderedDict[int, KeptSequence] = OrderedDict()
         self.tokens = 0
 
-    def match(self, ids: np.ndarray) -> tuple[KeptSequence | None, int]:
-        """The kept sequence sharing the longest prefix with `ids`, and that prefix's length (0: none)."""
+    def match(self, ids: np.ndarray, *, touch: bool = True) -> tuple[KeptSequence | None, int]:
+        """The kept sequence sharing the longest prefix with `ids`, and that prefix's length (0: none); with `touch`,
+        it becomes the most recently used (False: a look that leaves the eviction order as it was)."""
         best, best_len = None, 0
         for kept in self.entries.values():
             n = min(len(kept.tokens), len(ids))
@@ -59,7 +63,7 @@ class PrefixStore:
             common = int(differ[0]) if differ.size else n
             if common > best_len:
                 best, best_len = kept, common
-        if best is not None:
+        if best is not None and touch:
             self.entries.move_to_end(id(best))
         return best, best_len
 
@@ -277,3 +281,54 @@ def grouped_attention(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = "sdpa"
+
+
+SDPA_KINDS = frozenset({"sdpa", "sdpa-grouped"})
+"""The prefill attentions of `choose_prefill_attention` that run torch's scaled_dot_product_attention."""
+
+
+def choose_prefill_attention(model: torch.nn.Module, device: torch.device) -> tuple[str, str]:
+    """The attention a sampler's prefill runs for `model` on `device`, and why, in a few words.
+
+    A prefill attends from every prompt token to every earlier one: at a GPU's rows and contexts its eager form
+    (scores as a full matrix, softmax, a second product, each through memory) is several passes over a matrix that
+    torch's fused scaled_dot_product_attention (SDPA) never writes out. So SDPA where the model's class supports it,
+    even where the model was loaded with eager attention (the switch lasts for the sampler's call: a trainer's own
+    passes keep the model's choice); on a CPU its grouped form (`grouped_attention`: no copy of the key/value heads
+    per query head). On CUDA transformers' SDPA still copies the heads when a padding mask is given, since SDPA's
+    grouped heads with a mask would fall back to its unfused math kernel there. Other implementations (flash
+    attention, a registered kernel) are the model's choice and stay.
+
+    Returns:
+        ("sdpa-grouped" | "sdpa" | the model's implementation name, the reason).
+    """
+    current = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
+    supported = current == "sdpa" or (current == "eager" and bool(getattr(model, "_supports_sdpa", False)))
+    if not supported:
+        why = "its class does not support SDPA" if current == "eager" else "an implementation the model was given"
+        return current, f"the model's own {current!r} attention ({why})"
+    switched = "" if current == "sdpa" else ", switched from the eager attention it was loaded with"
+    if device.type == "cpu":
+        return "sdpa-grouped", f"torch's fused SDPA over grouped key/value heads{switched}"
+    return "sdpa", f"torch's fused SDPA{switched}"
+
+
+@contextlib.contextmanager
+def sampling_attention(model: torch.nn.Module, kind: str) -> Iterator[None]:
+    """While open, `model` attends with `kind` (`choose_prefill_attention`): an SDPA kind sets the model's config
+    to transformers' SDPA (and on a CPU opens `grouped_attention`); any other leaves the model as it is. The
+    config's implementation is restored on exit, also after an exception."""
+    config = getattr(model, "config", None)
+    if kind not in SDPA_KINDS or config is None:
+        yield
+        return
+    was = config._attn_implementation
+    config._attn_implementation = "sdpa"
+    try:
+        if kind == "sdpa-grouped":
+            with grouped_attention(model):
+                yield
+        else:
+            yield
+    finally:
+        config._attn_implementation = was

@@ -9,7 +9,9 @@ writes the new token's keys and values into one column and attends over a fixed 
 
 Shapes come in buckets (rows in powers of two up to the batch size, columns in multiples of `COLUMN_BUCKET`), so a
 few graphs, captured on first need and sharing one memory pool, serve every call. Finished rows keep their slot
-until the live rows fit a smaller bucket; then they are gathered into the first slots.
+until the live rows fit a smaller bucket; then they are gathered into the first slots and later steps run that
+bucket (`StaticDecoder.compact`). The largest bucket is the sampler's batch size, which the trainer chooses from the
+device's free memory (`algos.run.memory.sampler_rows`: up to 256 rows on a GPU).
 
 Memory: the buffers grow to the largest bucket a call needed and stay allocated; they are freed, and the graphs
 dropped, when the parameters are replaced by other tensors, when the autocast state or the key dtype changes, or
@@ -255,9 +257,13 @@ class StaticDecoder:
         model: a Llama-architecture causal LM (Llama, Qwen2 or Mistral: `supports`); never modified.
         graphs: capture and replay each (rows, columns) bucket's step as a CUDA graph (the model must be on a
             CUDA device); False runs the same step eagerly.
+        compact: when a call's live rows fit a smaller row bucket, gather them into the first slots and step that
+            bucket from then on (`decode_steps.StaticSteps.select`): a step's attention reads the keys and values of
+            every row it runs, finished or not, so a call whose rows end early runs fewer rows per step. False runs
+            the call's first bucket to its end (the same samples; for parity tests and benchmarks).
     """
 
-    def __init__(self, model: PreTrainedModel, *, graphs: bool) -> None:
+    def __init__(self, model: PreTrainedModel, *, graphs: bool, compact: bool = True) -> None:
         if (reason := _refusal(model)) is not None:
             raise ValueError(f"{reason}; use the dynamic cache (decode='dynamic') for this model")
         self.model = model
@@ -265,6 +271,8 @@ class StaticDecoder:
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; use decode='static'")
         self.graphs = graphs
+        self.compact = compact
+        """Whether finished rows leave the stepped row bucket (see the class docstring)."""
         self.narrow_rows = 0
         """On a CPU, steps of at most this many float32 rows compute their products with `narrow_linear` (the
         sampler sets it per call, as it does for the dynamic path's layers)."""

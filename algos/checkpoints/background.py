@@ -1,7 +1,8 @@
 """Checkpoint writes beside the training loop: one write at a time, on a thread of its own.
 
 The loop takes a snapshot (`algos.checkpoints.store.snapshot_checkpoint`: the tensors copied to the CPU, the state
-serialised) and hands its write to `BackgroundWriter.submit`; the next steps run while the files are written, hashed
+serialised; under FSDP every rank its own shards, `algos.checkpoints.sharded.snapshot_sharded_checkpoint`) and hands
+its write to `BackgroundWriter.submit`; the next steps run while the files are written, hashed
 into the manifest and renamed into place. The write is the same atomic one as a synchronous save, so a kill at any
 moment of it leaves the previous checkpoint and ``latest`` whole (tested by killing a process mid-write).
 

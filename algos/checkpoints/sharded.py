@@ -15,6 +15,9 @@ DCP reshards on load (`load_sharded_tensors`), so a sharded checkpoint resumes w
 process. Rank 0 creates the temporary directory and broadcasts its name; every rank writes, fsyncs and hashes its
 own files; the ranks gather their digests (and any failure, so that none waits for ever); rank 0 then writes
 state.json and the manifest, and commits (`algos.checkpoints.files.commit`); the others learn the outcome from it.
+
+Beside the steps (`snapshot_sharded_checkpoint`): every rank copies its shards to host memory in the loop, then
+writes, hashes and commits them on a thread while the next steps run, its collectives on a gloo group of their own.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 from algos.checkpoints.atomic import CheckpointWriteError, file_entry, writing
 from algos.checkpoints.files import SHARDS_DIR, commit, new_tmp_dir, rng_file, rng_state, save_rng, step_dir_name
 
-__all__ = ["load_sharded_tensors", "save_sharded_checkpoint", "sharded_keys"]
+__all__ = ["load_sharded_tensors", "save_sharded_checkpoint", "sharded_keys", "snapshot_sharded_checkpoint"]
 
 
 def _grouped() -> bool:
@@ -86,19 +89,116 @@ def save_sharded_checkpoint(
             message names each failing rank's cause.
         RuntimeError: on every rank, when a rank failed otherwise (a fault of the program, not of the disk).
     """
+    import torch.distributed.checkpoint as dcp
+
+    rank, final, tmp = _begin(Path(root), step)
+
+    def save(writer: Any) -> None:
+        with _dcp_alone():
+            dcp.save(dict(tensors), storage_writer=writer, no_dist=not _grouped())
+
+    report = _write_own_shards(tmp, final, rank, rng_state(), save)
+    return _settle(tmp, final, step, state, keep, rank, report, None, _before_commit)
+
+
+def snapshot_sharded_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    tensors: Mapping[str, Any],
+    state: Mapping[str, Any],
+    keep: int = 3,
+    group: Any = None,
+) -> Callable[[], Path]:
+    """`save_sharded_checkpoint` split at the copy, for a write beside the next steps: a collective, every rank calls
+    it, then every rank runs the returned write (on a thread: `algos.checkpoints.background.BackgroundWriter`).
+
+    Here each rank copies its shards of `tensors` to host memory (DCP's default stager, as its ``async_save`` does)
+    and takes its RNG states, so the steps that follow may change the live tensors; the write saves the copies with
+    DCP, hashes and commits as `save_sharded_checkpoint` does, its collectives over `group`
+    (`algos.distributed.side_group`: a gloo group of its own, so that they never pair up with the training loop's on
+    the default group). The copies cost this rank's shards once more in host memory until the write ends.
+
+    Raises:
+        RuntimeError: on every rank, here, when a rank could not copy its shards (nothing is written).
+    """
     from algos import distributed
 
-    root = Path(root)
+    rank, final, tmp = _begin(Path(root), step)
+    rng = rng_state()
+    copies, problem = None, None
+    try:
+        copies = _host_copy(tensors)
+    except Exception as err:  # a host out of memory, most likely: every rank must hear of it before any writes
+        problem = f"rank {rank}: copying its shards to host memory failed: {type(err).__name__}: {err}"
+    problems = [p for p in distributed.gather_objects(problem) if p]
+    if problems:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"checkpoint {final} was not written: {'; '.join(problems)}")
+
+    def write() -> Path:
+        import torch.distributed.checkpoint as dcp
+
+        def save(writer: Any) -> None:
+            # with a process group DCP says nothing to silence, and a thread must not swap the warning filters
+            with contextlib.nullcontext() if _grouped() else _dcp_alone():
+                dcp.save(copies, storage_writer=writer, process_group=group, no_dist=not _grouped())
+
+        report = _write_own_shards(tmp, final, rank, rng, save)
+        return _settle(tmp, final, step, state, keep, rank, report, group, None)
+
+    return write
+
+
+def _host_copy(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a DCP state dict in host memory (DTensors stay DTensors, their local shards copied)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # a blocking, plain copy
+    try:
+        return stager.stage(dict(tensors))
+    finally:
+        stager.close()
+
+
+def _begin(root: Path, step: int) -> tuple[int, Path, Path]:
+    """This rank, the checkpoint's final directory and the temporary one rank 0 made for it (broadcast)."""
+    from algos import distributed
+
     rank = _rank()
     final = root / step_dir_name(step)
+    made = None
     if rank == 0:
         with writing(final, root):
             made = str(new_tmp_dir(root, final))
-    tmp = Path(distributed.broadcast_object(made if rank == 0 else None))
-    reports = distributed.gather_objects(_write_own_shards(tmp, final, tensors, rank))
+    return rank, final, Path(distributed.broadcast_object(made))
+
+
+_Report = tuple[tuple[str, int | None, bool] | None, dict[str, dict[str, Any]]]
+"""A rank's part of a sharded write: None or its failure (cause, errno, whether a write fault), and the manifest
+entries of the files it wrote."""
+
+
+def _settle(
+    tmp: Path,
+    final: Path,
+    step: int,
+    state: Mapping[str, Any],
+    keep: int,
+    rank: int,
+    report: _Report,
+    group: Any,
+    _before_commit: Callable[[Path], None] | None,
+) -> Path:
+    """Gather every rank's `report` (over `group`), commit on rank 0 or raise there, and tell the other ranks the
+    outcome, which they raise too."""
+    from algos import distributed
+
+    reports = distributed.gather_objects(report, group)
     failures = [f for f, _ in reports if f is not None]
     if rank != 0:
-        outcome = distributed.broadcast_object(None)
+        outcome = distributed.broadcast_object(None, group)
         if outcome:
             raise _sharded_failure(final, outcome)
         return final
@@ -121,28 +221,20 @@ def save_sharded_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        distributed.broadcast_object(outcome)
+        distributed.broadcast_object(outcome, group)
     return final
 
 
-def _write_own_shards(
-    tmp: Path, final: Path, tensors: Mapping[str, Any], rank: int
-) -> tuple[tuple[str, int | None, bool] | None, dict[str, dict[str, Any]]]:
-    """This rank's part of `save_sharded_checkpoint`: its DCP chunks and RNG states in `tmp`, fsynced and hashed.
-
-    Returns:
-        (failure, written): None or why this rank failed (cause, errno, whether a write fault); and the manifest
-        entries of the files it wrote.
-    """
+def _write_own_shards(tmp: Path, final: Path, rank: int, rng: dict[str, Any], save: Callable[[Any], None]) -> _Report:
+    """This rank's part of a sharded write: its DCP chunks (`save` writes them with the writer it is given) and its
+    RNG states `rng` in `tmp`, fsynced and hashed."""
     import torch.distributed.checkpoint as dcp
 
     failure, written = None, {}
     try:
         with writing(final, tmp):  # classified before the partial files that filled the disk are removed
-            writer = dcp.FileSystemWriter(tmp / SHARDS_DIR, sync_files=True)
-            with _dcp_alone():
-                dcp.save(dict(tensors), storage_writer=writer, no_dist=not _grouped())
-            save_rng(tmp / rng_file(rank), rng_state())
+            save(dcp.FileSystemWriter(tmp / SHARDS_DIR, sync_files=True))
+            save_rng(tmp / rng_file(rank), rng)
             # this rank's files (DCP names them by rank), hashed here: the ranks share the hashing of the shards
             # (rank 0 hashes whatever no rank reported)
             mine = [tmp / rng_file(rank), *(tmp / SHARDS_DIR).glob(f"__{rank}_*.distcp")]

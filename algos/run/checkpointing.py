@@ -26,7 +26,12 @@ from algos import distributed
 from algos.checkpoints.atomic import write_text_atomic
 from algos.checkpoints.background import BackgroundWriter
 from algos.checkpoints.files import restore_rng, rng_state, step_dir_name
-from algos.checkpoints.sharded import load_sharded_tensors, save_sharded_checkpoint, sharded_keys
+from algos.checkpoints.sharded import (
+    load_sharded_tensors,
+    save_sharded_checkpoint,
+    sharded_keys,
+    snapshot_sharded_checkpoint,
+)
 from algos.checkpoints.store import checkpoint_problem, is_sharded, load_checkpoint, read_state, snapshot_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -110,7 +115,8 @@ class RunCheckpoints:
         Every rank must call this. One process and DDP: rank 0 writes the whole tensors, with every rank's RNG states
         (gathered); with `background` it copies them and writes the copies on the writer's thread while the steps go
         on (`checkpoint_writer`), after waiting for the write before it. ``--fsdp``: every rank writes its own shards
-        (`_save_sharded`), before returning. Returns the checkpoint's directory (None on the other ranks); a
+        (`_save_sharded`), with `background` likewise from a copy in host memory on each rank's writer thread.
+        Returns the checkpoint's directory (None on the other ranks); a
         background write puts it there later (`wait_for_checkpoint`).
         """
         self.wait_for_checkpoint()  # one write at a time, and a failed one raises here
@@ -130,7 +136,7 @@ class RunCheckpoints:
             state["learner"] = learner_state
         state["metrics"] = self._unsaved_metrics  # durable with the checkpoint, whatever happens to metrics.jsonl
         if self.fsdp:
-            path = self._save_sharded(names, state, learner_tensors)
+            path = self._save_sharded(names, state, learner_tensors, background)
         else:
             weights = distributed.full_state_dict(self.policy, names)
             if self.average is not None:
@@ -156,10 +162,15 @@ class RunCheckpoints:
         self._unsaved_metrics = []
         return path if self.world.is_main else None
 
-    def _save_sharded(self, names: list[str], state: dict[str, Any], learner_tensors: dict[str, torch.Tensor]) -> Path:
+    def _save_sharded(
+        self, names: list[str], state: dict[str, Any], learner_tensors: dict[str, torch.Tensor], background: bool
+    ) -> Path:
         """``--fsdp``: every rank writes its own shards of the weights, the AdamW state and the weight average with
         torch.distributed.checkpoint, and its RNG states; rank 0 the JSON `state`, with the optimizer's parameter
-        groups (`algos.checkpoints.store.save_sharded_checkpoint`). Nothing is gathered."""
+        groups (`algos.checkpoints.sharded.save_sharded_checkpoint`). Nothing is gathered. With `background`, each
+        rank copies its shards to host memory and writes them on its writer thread beside the next steps
+        (`algos.checkpoints.sharded.snapshot_sharded_checkpoint`), the write's collectives on a gloo group of their
+        own (`checkpoint_group`)."""
         optimizer = distributed.sharded_optimizer_state(self.policy, self.optimizer)
         tensors: dict[str, Any] = {
             "model": distributed.sharded_model_state(self.policy, names),
@@ -169,13 +180,23 @@ class RunCheckpoints:
             tensors["average"] = dict(zip(names, self.average, strict=True))
         if learner_tensors:  # replicated on every rank: written once
             tensors["learner"] = dict(learner_tensors)
-        return save_sharded_checkpoint(
-            self.checkpoint_dir,
-            self.step,
-            tensors=tensors,
-            state={**state, "optimizer_groups": optimizer["param_groups"]},
-            keep=self.config.run.keep_checkpoints,
+        state = {**state, "optimizer_groups": optimizer["param_groups"]}
+        keep = self.config.run.keep_checkpoints
+        if not background:
+            return save_sharded_checkpoint(self.checkpoint_dir, self.step, tensors=tensors, state=state, keep=keep)
+        write = snapshot_sharded_checkpoint(
+            self.checkpoint_dir, self.step, tensors=tensors, state=state, keep=keep, group=self.checkpoint_group
         )
+        self.checkpoint_writer.submit(write)
+        return self.checkpoint_dir / step_dir_name(self.step)
+
+    @property
+    def checkpoint_group(self) -> Any:
+        """The gloo group the background writes of sharded checkpoints use (`distributed.side_group`), made at the
+        first one (every rank makes it there: a collective); None without a process group."""
+        if "_checkpoint_group" not in self.__dict__:
+            self._checkpoint_group = distributed.side_group()
+        return self._checkpoint_group
 
     def load(self, path: str | os.PathLike) -> list[dict[str, Any]]:
         """Restore the run from a checkpoint directory (weights, optimizer, rule, learner, data position).

@@ -4,11 +4,11 @@
 moments (divided over the ranks under ``--fsdp``, whose sampling also holds the whole weights gathered), a frozen
 reference model when the KL term is on, the activations the backward pass keeps for one micro-batch
 (``micro_batch_tokens`` tokens; one layer's plus each layer's input under ``--gradient-checkpointing``), the logits
-of that micro-batch, and the sampler: the transformers sampler's key/value cache for its widest batch of rows at the
-full context and the keys and values it keeps between calls (`KEPT_CACHE_TOKENS`), or the share of the GPU a vLLM
-engine is given; on a CPU, the copy of the weights and AdamW state a checkpoint is written from beside the next steps.
-After the last step the held-out evaluation (`evaluation_bytes`) scores a second copy of the start
-model with a sampler of its own, its batch of rows at the full context; where that exceeds what the step's
+of that micro-batch, and the sampler: the transformers sampler's key/value cache for its widest batch of rows
+(`sampler_rows`) at the full context and the keys and values it keeps between calls (`KEPT_CACHE_TOKENS`), or the
+share of the GPU a vLLM engine is given; on a CPU, the copy of the weights and AdamW state a checkpoint is written
+from beside the next steps. After the last step the held-out evaluation (`evaluation_bytes`) scores a second copy of
+the start model with a sampler of its own, its batch of rows at the full context; where that exceeds what the step's
 activations, logits and rollouts freed, the excess is a part of its own. On a CPU the evaluation's rows are bounded
 by memory (`evaluation_rows`: the trainer's evaluation runs at most that many at a time). `check` compares the sum
 with the device's memory (a GPU's total, or the host's available memory shared by the ranks on it) and raises
@@ -25,6 +25,7 @@ buffers and CUDA's own context (about 0.5 GiB) come on top, hence the margin `ch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,6 +131,49 @@ def _evaluation_episodes(config: Any) -> int:
     return max(int(config.run.eval_questions or 0), int(config.run.validation_questions or 0))
 
 
+SAMPLER_ROWS = (64, 128, 256)
+"""Rows per transformers-sampler batch that `sampler_rows` chooses among on a GPU; the first is a CPU's."""
+
+
+def sampler_rows(
+    config: Any, shape: Shape, capacity: float | None, *, ranks: int = 1, trainable: int | None = None
+) -> tuple[int, str]:
+    """Rows per transformers-sampler batch for a run of `config` (``--sampler-batch-size``; None chooses), and why.
+
+    A GPU decode step reads every weight once for all the rows it runs (CUDA graphs replay one per row bucket up to
+    this size), so a step's tokens grow with its rows at about the same cost until the keys and values it also
+    reads catch up: more rows a batch, closer to the memory-bandwidth bound. None takes, on a GPU, the most of
+    `SAMPLER_ROWS` that this rank's episodes can fill (a bucket above its episodes would stay half empty) and whose
+    run still fits: the whole `estimate` with that many rows at the full context within `MARGIN` of `capacity`
+    (the free memory, `usable_memory`). Without a `capacity` (a plan made elsewhere) the most its episodes fill, an
+    upper bound. On a CPU `SAMPLER_ROWS[0]`: a CPU's step cost grows with its rows, and its runs keep their numbers.
+    """
+    if config.model.sampler_batch_size is not None:
+        return int(config.model.sampler_batch_size), "--sampler-batch-size"
+    if not config.model.torch_device.startswith("cuda"):
+        return SAMPLER_ROWS[0], "a CPU's"
+    episodes = max(1, config.rl.questions_per_step * config.rl.group_size // ranks)
+    fill = 1 << max(episodes - 1, 0).bit_length()  # the row bucket of this rank's episodes
+    candidates = [rows for rows in SAMPLER_ROWS if rows == SAMPLER_ROWS[0] or rows <= fill]
+    if capacity is None:
+        return candidates[-1], f"the most {episodes} episodes fill (no memory reading: an upper bound)"
+    usable = MARGIN * capacity
+    for rows in reversed(candidates):
+        need = estimate(with_sampler_rows(config, rows), shape, ranks=ranks, trainable=trainable).total
+        if need <= usable:
+            left = "" if rows == candidates[-1] else f"; {candidates[-1]} would not fit"
+            return rows, (
+                f"{episodes} episodes a step; the run's estimate with {rows} rows {need / GIB:.1f} of "
+                f"{usable / GIB:.1f} GiB usable{left}"
+            )
+    return SAMPLER_ROWS[0], f"none larger fits in {usable / GIB:.1f} GiB usable (the memory check says if this does)"
+
+
+def with_sampler_rows(config: Any, rows: int) -> Any:
+    """`config` with ``--sampler-batch-size`` set to `rows`."""
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, sampler_batch_size=rows))
+
+
 def evaluation_row_bytes(config: Any, shape: Shape) -> float:
     """Bytes one episode of the held-out evaluation holds at most: each of its contexts (CoDA: the planner's and one
     executor's) at the full context length, as keys and values, the prefill's widest layer activations (the inputs
@@ -220,17 +264,17 @@ def estimate(
     elif config.model.sampler == "vllm":
         parts["vllm engine"] = config.model.vllm_gpu_memory_utilization * device_memory(config.model.torch_device)
     else:
-        rows = min(
-            config.model.sampler_batch_size, max(1, config.rl.questions_per_step * config.rl.group_size // ranks)
-        )
+        batch, _ = sampler_rows(config, shape, capacity, ranks=ranks, trainable=trainable)
+        rows = min(batch, max(1, config.rl.questions_per_step * config.rl.group_size // ranks))
         kv = rows * config.model.max_context_tokens * shape.layers * 2 * shape.kv_dim * compute_bytes
         parts["kv cache"] = kv + rows * shape.vocab * 4
         parts["kept kv cache"] = KEPT_CACHE_TOKENS * _kv_bytes_per_token(config, shape)
-    if config.run.save_every and shards == 1 and not config.model.torch_device.startswith("cuda"):
-        # a checkpoint's copy of the weights and AdamW state, held while it is written beside the next steps
-        # (`algos.checkpoints.background`); on a GPU it is in host memory, not the device's
+    if config.run.save_every and not config.model.torch_device.startswith("cuda"):
+        # a checkpoint's copy of the weights and AdamW state (under --fsdp each rank's shards of them), held while
+        # it is written beside the next steps (`algos.checkpoints.background`); on a GPU it is in host memory, not
+        # the device's
         copies = 3 + (1 if config.optim.weight_average is not None else 0)
-        parts["checkpoint copy"] = trainable * param_bytes * copies
+        parts["checkpoint copy"] = trainable * param_bytes * copies / shards
     eval_rows = None
     if _evaluation_episodes(config):  # after the last step: the step's activations, logits and rollouts are freed
         freed = parts["activations"] + parts["logits"] + parts["rollout batch"]

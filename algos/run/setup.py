@@ -70,9 +70,14 @@ def context_limit(config: Config, policy: torch.nn.Module) -> int:
     return min(config.model.max_context_tokens, int(getattr(policy.config, "max_position_embeddings", 1 << 30)))
 
 
-def make_sampler(config: Config, policy: torch.nn.Module, tokenizer: Any, max_context: int) -> Any:
-    """The sampler of ``--sampler`` over the policy (vLLM: an engine built from ``--model`` that gets its weights)."""
+def make_sampler(
+    config: Config, policy: torch.nn.Module, tokenizer: Any, max_context: int, rows: int | None = None
+) -> Any:
+    """The sampler of ``--sampler`` over the policy (vLLM: an engine built from ``--model`` that gets its weights);
+    `rows`: the transformers sampler's rows per batch (`algos.run.memory.sampler_rows`; None:
+    ``--sampler-batch-size``, or a CPU's 64 where that is None)."""
     from agents.samplers.factory import make_sampler as make
+    from algos.run.memory import SAMPLER_ROWS
 
     return make(
         config.model.sampler,
@@ -80,7 +85,7 @@ def make_sampler(config: Config, policy: torch.nn.Module, tokenizer: Any, max_co
         tokenizer=tokenizer,
         source=config.model.model,  # vLLM builds from it (None: the bundled model, which VLLMSampler resolves)
         max_context=max_context,
-        max_batch_size=config.model.sampler_batch_size,
+        max_batch_size=rows or config.model.sampler_batch_size or SAMPLER_ROWS[0],
         seed=config.run.seed,
         decode=config.model.sampler_decode,
         dtype="bfloat16" if config.model.use_bf16 or config.model.param_dtype == "bfloat16" else "float32",

@@ -86,6 +86,7 @@ class TimedSampler(SamplerWrapper):
         super().__init__(sampler)
         self.seconds = 0.0
         self.tokens = 0
+        self._levers_since = self._lever_counts()  # the inner sampler's running counts at the step's start
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         sync()
@@ -98,15 +99,41 @@ class TimedSampler(SamplerWrapper):
 
     def reset(self) -> None:  # the step's count of generation seconds and sampled tokens starts
         self.seconds, self.tokens = 0.0, 0
+        self._levers_since = self._lever_counts()
 
     @contextlib.contextmanager
     def uncounted(self) -> Iterator[None]:
         """Leave the block's generations out of the step's counts (an expert learner's resampling)."""
-        seconds, tokens = self.seconds, self.tokens
+        seconds, tokens, levers = self.seconds, self.tokens, self._lever_counts()
         try:
             yield
         finally:
             self.seconds, self.tokens = seconds, tokens
+            after = self._lever_counts()
+            self._levers_since = {k: v + after[k] - levers[k] for k, v in self._levers_since.items()}
+
+    def _lever_counts(self) -> dict[str, float]:
+        counts = getattr(self.inner, "lever_counts", None)  # the transformers sampler's; others have none
+        return counts() if callable(counts) else {}
+
+    def lever_metrics(self) -> dict[str, float]:
+        """What the transformers sampler's decoding levers did since the step began (`HFSampler.lever_counts`), as
+        ``sampler/*`` metrics: its rows per batch, the live rows and the rows run per decode step (fewer run where
+        finished rows left the row bucket), the prompt tokens prefilled and those prefix sharing saved; {} for
+        other samplers."""
+        now = self._lever_counts()
+        if not now:
+            return {}
+        step = {k: now[k] - self._levers_since.get(k, 0.0) for k in now}
+        steps = step["decode_steps"]
+        return {
+            "sampler/rows_per_batch": now["rows_per_batch"],
+            "sampler/decode_steps": steps,
+            "sampler/live_rows_per_step": step["live_row_steps"] / steps if steps else 0.0,
+            "sampler/stepped_rows_per_step": step["stepped_row_steps"] / steps if steps else 0.0,
+            "sampler/prefill_tokens": step["prefilled_tokens"],
+            "sampler/prefill_tokens_saved": step["prefill_tokens_saved"],
+        }
 
 
 class TrainingRun(RunCheckpoints, RunFinish):
@@ -148,9 +175,12 @@ class TrainingRun(RunCheckpoints, RunFinish):
 
         self._build_policy()
         max_context = run_setup.context_limit(config, self.policy)
+        self.sampler_rows = self._choose_sampler_rows()
         if config.model.memory_check:
             self.check_memory()
-        self.sampler = TimedSampler(run_setup.make_sampler(config, self.policy, self.tokenizer, max_context))
+        self.sampler = TimedSampler(
+            run_setup.make_sampler(config, self.policy, self.tokenizer, max_context, rows=self.sampler_rows)
+        )
         self.agent = run_setup.make_agent(config, self.sampler, max_context)
         self._build_collector()
         uses_sft = self.weighting.uses_sft and config.sft.sft_coef > 0
@@ -234,6 +264,19 @@ class TrainingRun(RunCheckpoints, RunFinish):
         """The run's starting model and tokenizer, on the training device (also the 'before' of the evaluation)."""
         return run_setup.build_model(self.config, self.device)
 
+    def _choose_sampler_rows(self) -> int:
+        """The transformers sampler's rows per batch (`memory.sampler_rows`: ``--sampler-batch-size``, or chosen from
+        the device's free memory), logged once on a GPU."""
+        from algos.run import memory
+
+        trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
+        shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
+        capacity = memory.usable_memory(str(self.device)) if self.device.type == "cuda" else None
+        rows, why = memory.sampler_rows(self.config, shape, capacity, ranks=self.world.size, trainable=trainable)
+        if self.world.is_main and self.config.model.sampler == "hf" and self.device.type == "cuda":
+            logger.info("sampler rows per batch: %d (%s)", rows, why)
+        return rows
+
     def check_memory(self) -> None:
         """Log the run's memory estimate and disk need, and refuse a run that cannot fit (`memory`, `disk`)."""
         from algos.run import memory
@@ -241,7 +284,8 @@ class TrainingRun(RunCheckpoints, RunFinish):
         trainable = sum(p.numel() for p in self.policy.parameters() if p.requires_grad)
         shape = memory.Shape.of(self.policy.config, parameters=sum(p.numel() for p in self.model.parameters()))
         capacity = memory.usable_memory(str(self.device))
-        found = memory.estimate(self.config, shape, ranks=self.world.size, trainable=trainable, capacity=capacity)
+        config = memory.with_sampler_rows(self.config, self.sampler_rows)  # the rows the sampler is given
+        found = memory.estimate(config, shape, ranks=self.world.size, trainable=trainable, capacity=capacity)
         if self.world.is_main:
             total = memory.device_memory(str(self.device))
             logger.info(
@@ -455,7 +499,7 @@ class TrainingRun(RunCheckpoints, RunFinish):
                 self._unsaved_metrics.append(metrics)
                 if cfg.run.save_every and self.step % cfg.run.save_every == 0 and self.step < cfg.optim.steps:
                     ckpt_start = time.perf_counter()  # the loop's share: the copy (and a wait for the last write)
-                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank, now)
+                    self.save(background=True)  # rank 0 writes beside the next steps (--fsdp: every rank)
                     saved_step = self.step
                     metrics["time/checkpoint"] = time.perf_counter() - ckpt_start
                 if self.world.is_main:
