@@ -242,15 +242,6 @@ def broadcast_object(value: Any, group: Any = None) -> Any:
     return box[0]
 
 
-def side_group() -> Any:
-    """A new gloo process group of every rank, for collectives that a thread runs beside the training loop's (a
-    checkpoint written in the background): two threads' collectives on one group could pair up wrongly. A collective
-    itself: every rank calls it, at the same point. None without a process group."""
-    if not _active():
-        return None
-    return dist.new_group(backend="gloo")
-
-
 def gather_episodes(trajectories: Sequence[Any]) -> list[Any]:
     """Every rank's trajectories in global batch order, without their generations (statistics need rewards,
     group ids and infos only; the token ids stay on their rank)."""

@@ -196,6 +196,29 @@ def headline_f1() -> tuple[float, list[int]]:
     return mean(_mean(_after(r)["F1"]) for r in runs), [r.header["provenance"]["seed"] for r in runs]
 
 
+def first_search(names: str) -> str:
+    """Stored trainer runs (comma-joined names), one row each: held-out F1 [95% CI] on the questions whose first search
+    (the question itself as the query) showed a gold answer, on those where it did not, and on yes/no questions, with
+    the searches a question on the second (`envs.first_search`)."""
+    from agents.evaluation import interval_method
+    from envs.stats import mean_ci
+
+    lines = [
+        "| run | shown: n, F1 | not shown: n, F1 | not shown: searches / q | yes/no: n, F1 |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names.split(","):
+        after = [q for q in load(name).questions if q["part"] == "after"]
+        cells = []
+        for kind in ("shown", "not shown", "yes/no"):
+            f1 = [q["f1"] for q in after if q["first_search"] == kind]
+            cells.append(f"{len(f1)}, {mean_ci(f1, method=interval_method('f1')).format(3)}" if f1 else "0, -")
+        searches = [q["searches"] for q in after if q["first_search"] == "not shown"]
+        cells.insert(2, f"{mean(searches):.2f}" if searches else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def step_signal(names: str) -> str:
     """Stored trainer runs (comma-joined names), one row each, from their metrics rows (`benchmarks.step_signal`):
     steps, the share of steps with an RL signal, the longest run of steps whose rollouts all scored F1 0, and for
@@ -307,5 +330,6 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "evaluations": evaluations,
     "stats": paired_stats,
     "step-signal": step_signal,
+    "first-search": first_search,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

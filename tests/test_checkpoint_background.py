@@ -147,7 +147,7 @@ def _sharded_rank(rank: int, init: str, root: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from algos import distributed
-    from algos.checkpoints.sharded import load_sharded_tensors, snapshot_sharded_checkpoint
+    from algos.checkpoints.sharded import load_sharded_tensors, side_group, snapshot_sharded_checkpoint
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
@@ -155,7 +155,7 @@ def _sharded_rank(rank: int, init: str, root: str) -> None:
         mesh = init_device_mesh("cpu", (2,))
         full = torch.arange(48.0).reshape(8, 6)
         tensors = {"model": {"w": distribute_tensor(full, mesh, [Shard(0)]), "b": torch.ones(3)}}
-        group = distributed.side_group()
+        group = side_group()
         write = snapshot_sharded_checkpoint(root, 1, tensors=tensors, state={"note": "step 1"}, group=group)
         tensors["model"]["w"].to_local().mul_(0.0)  # the next step changes the live shards (before the write starts)
         tensors["model"]["b"].add_(1.0)

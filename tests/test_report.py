@@ -223,3 +223,27 @@ def test_the_step_signal_block_reads_the_stored_metrics_rows(tmp_path, monkeypat
     text, changed = report.rebuilt("<!-- report:step-signal run-a -->\n<!-- /report -->\n", "page.md")
     assert changed == ["page.md: step-signal run-a"]
     assert text.splitlines()[3] == "| run-a | 3 | 0.33 | 2 | 0.33 | 0.00 | 6.67 |"
+
+
+def test_the_first_search_block_splits_the_stored_questions_by_what_the_first_search_showed(tmp_path, monkeypatch):
+    from agents.evaluation import interval_method
+    from benchmarks import results_store
+    from envs.stats import mean_ci
+
+    questions = [
+        {"record": "question", "part": "after", "id": f"q{i}", "f1": f1, "searches": searches, "first_search": kind}
+        for i, (f1, searches, kind) in enumerate(
+            [(1.0, 1, "shown"), (0.5, 1, "shown"), (0.0, 2, "not shown"), (0.2, 1, "not shown"), (1.0, 1, "yes/no")]
+        )
+    ]
+    questions.append({**questions[0], "part": "before", "f1": 0.0})  # the starting model's score is not read
+    write_records(tmp_path / "run-a.jsonl.gz", [{"record": "run", "name": "run-a"}, *questions])
+    monkeypatch.setattr(results_store, "STORE", tmp_path)
+    text, _ = report.rebuilt("<!-- report:first-search run-a -->\n<!-- /report -->\n", "page.md")
+    shown, missed = (mean_ci(v, method=interval_method("f1")).format(3) for v in ([1.0, 0.5], [0.0, 0.2]))
+    assert (
+        text.splitlines()[3]
+        == f"| run-a | 2, {shown} | 2, {missed} | 1.50 | 1, "
+        + mean_ci([1.0], method=interval_method("f1")).format(3)
+        + " |"
+    )

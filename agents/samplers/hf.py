@@ -16,16 +16,13 @@ share (at least `MIN_SHARED_TOKENS`) is prefilled once first. The result equals 
 rounding (tested: same tokens, log-probs within 1e-5). At most `cache_tokens` tokens are kept, least recently
 used out first; `release(token_ids)` drops a closed context's; a change of weights or autocast state drops all.
 
-Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as (W @ x^T)^T (`narrow_rows`;
-docs/results/throughput.md); a finished greedy row leaves by a move of the last row into its place. On a GPU,
-`decode="graphs"` replays each step as one CUDA graph (`agents.samplers.static_decode`); `decode="static"` runs the
-same steps without graphs and samples what the dynamic path samples (tested); "auto" picks graphs on a GPU and
-static on a CPU where the model allows them (`static_decode.choose_decode`), and logs its choice; static steps run
-the smallest row bucket the live rows fit (`compact_rows`). The prefill attends with torch's SDPA where the model's
-class supports it (`sdpa_prefill`, `kv_cache.choose_prefill_attention`, logged). `lever_counts` says what these
-levers did (a trainer logs it per step as ``sampler/*`` metrics). Threads: one
-OpenMP thread per core on a shared CPU can be many times slower than `torch.set_num_threads(1)`; the sampler leaves
-that process-wide choice to the caller.
+Decode steps (`agents.samplers.decode_steps`) on a CPU: few-row products run as (W @ x^T)^T (`narrow_rows`); a
+finished greedy row leaves by a move of the last row into its place. `decode="graphs"` replays each step as one
+CUDA graph (`agents.samplers.static_decode`), `"static"` runs the same steps without graphs (same samples, tested),
+`"auto"` picks by device and model (`static_decode.choose_decode`, logged); static steps run the smallest row bucket
+the live rows fit (`compact_rows`). The prefill attends with torch's SDPA where the model's class supports it
+(`sdpa_prefill`, logged). `lever_counts` says what these levers did (a trainer logs ``sampler/*`` per step).
+Threads: one OpenMP thread per core on a shared CPU can be many times slower than one; that is the caller's choice.
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ from agents.samplers.kv_cache import (
     narrow_linears,
     sampling_attention,
 )
-from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups
+from agents.samplers.prefill import fill_past, new_cache, prefill_apart, prefill_groups, prefill_inputs
 from agents.samplers.static_decode import StaticDecoder, choose_decode
 
 logger = logging.getLogger(__name__)
@@ -174,27 +171,9 @@ class HFSampler(TokenizerContext):
             raise ValueError(f"pad_limit must be 0 (no limit) or a finite number >= 1, got {pad_limit}")
         self.pad_limit = (2.0 if self.device.type == "cpu" else 0.0) if pad_limit is None else float(pad_limit)
         """Most padded prefill tokens a batch of a call holds per real one, beyond `PAD_SLACK` (0: no limit)."""
-        if decode not in ("auto", "dynamic", "static", "graphs"):
-            raise ValueError(f"decode must be 'auto', 'dynamic', 'static' or 'graphs', got {decode!r}")
-        if decode == "auto":
-            decode, why = choose_decode(model, self.device, plain=self._plain)
-            logger.info("sampler decode: %s (%s)", decode, why)
-        if decode != "dynamic" and not self._plain:
-            raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
-        self.decode = decode
-        """How decode steps run: the model's forward over a growing cache, or static buffers (with CUDA graphs)."""
-        self._static = (
-            None if decode == "dynamic" else StaticDecoder(model, graphs=decode == "graphs", compact=compact_rows)
-        )
+        self._choose_decoding(decode, compact_rows=compact_rows, sdpa_prefill=sdpa_prefill)
         self.share_prefixes = share_prefixes
         """Whether prefixes that several prompts of a call share are prefilled once for all (`_share_prefixes`)."""
-        if sdpa_prefill:
-            self.prefill_attention, why = choose_prefill_attention(model, self.device)
-            logger.info("sampler prefill attention: %s (%s)", self.prefill_attention, why)
-        else:
-            self.prefill_attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
-        """The attention the prefill runs (`kv_cache.choose_prefill_attention`): "sdpa", "sdpa-grouped" (a CPU's,
-        over grouped key/value heads) or the model's own implementation's name."""
         self.reused_tokens = 0
         """Prompt tokens whose keys and values came from an earlier call (a running count)."""
         self.prefilled_tokens = 0
@@ -212,6 +191,27 @@ class HFSampler(TokenizerContext):
         self.stepped_row_steps = 0
         """Rows computed summed over the decode steps: the live rows and, in a static row bucket, the finished or
         unused slots beside them (`compact_rows`); over `decode_steps`, the average rows a step runs."""
+
+    def _choose_decoding(self, decode: str, *, compact_rows: bool, sdpa_prefill: bool) -> None:
+        """Sets `decode` (``auto`` chooses, `choose_decode`) and the prefill's attention, each said once at start."""
+        if decode not in ("auto", "dynamic", "static", "graphs"):
+            raise ValueError(f"decode must be 'auto', 'dynamic', 'static' or 'graphs', got {decode!r}")
+        if decode == "auto":
+            decode, why = choose_decode(self.model, self.device, plain=self._plain)
+            logger.info("sampler decode: %s (%s)", decode, why)
+        if decode != "dynamic" and not self._plain:
+            raise ValueError(f"decode={decode!r} needs a model whose cache is plain per-layer keys and values")
+        self.decode = decode
+        """How decode steps run: the model's forward over a growing cache, or static buffers (with CUDA graphs)."""
+        graphs = decode == "graphs"
+        self._static = None if decode == "dynamic" else StaticDecoder(self.model, graphs=graphs, compact=compact_rows)
+        if sdpa_prefill:
+            self.prefill_attention, why = choose_prefill_attention(self.model, self.device)
+            logger.info("sampler prefill attention: %s (%s)", self.prefill_attention, why)
+        else:
+            self.prefill_attention = str(getattr(self.model.config, "_attn_implementation", None) or "eager")
+        """The attention the prefill runs (`kv_cache.choose_prefill_attention`): "sdpa", "sdpa-grouped" (a CPU's,
+        over grouped key/value heads) or the model's own implementation's name."""
 
     def lever_counts(self) -> dict[str, float]:
         """The running counts of what the decoding levers did (the class's `share_prefixes`, `compact_rows`,
@@ -428,20 +428,10 @@ class HFSampler(TokenizerContext):
             for generator, (i, _, _) in zip(generators, rows, strict=True):
                 generator.manual_seed(int(params.row_seeds[i]))
         matches = [self._match(ids) for _, ids, _ in rows]  # (kept sequence or None, its tokens reused)
-        past = max(m for _, m in matches)
-        fresh = [ids[m:] for (_, ids, _), (_, m) in zip(rows, matches, strict=True)]  # tokens to prefill
-        lengths = [len(ids) for ids in fresh]
-        width = max(lengths)
-        # batch row b: [pad | reused m_b] in the past, [pad | fresh_b] as input; positions continue from m_b
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, past + width), dtype=torch.long)
-        positions = torch.zeros((n, width), dtype=torch.long)
-        for b, (ids, (_, m)) in enumerate(zip(fresh, matches, strict=True)):
-            input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[b, past - m : past] = 1
-            attention[b, past + width - len(ids) :] = 1
-            positions[b, width - len(ids) :] = torch.arange(m, m + len(ids))
+        reused = [m for _, m in matches]
+        lengths, input_ids, attention, positions = prefill_inputs([ids for _, ids, _ in rows], reused, self.pad_id)
         input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+        past, width = attention.shape[1] - input_ids.shape[1], input_ids.shape[1]
         widest = past + width + max(budget for _, _, budget in rows)  # the widest the cache can get
         self.reused_tokens += sum(m for _, m in matches)
         self.prefilled_tokens += sum(lengths)

@@ -11,6 +11,7 @@ together. Measured in docs/results/throughput.md (a run's tail, change by change
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -18,7 +19,15 @@ from transformers import DynamicCache, PreTrainedModel
 from agents.models import cache_argument
 from agents.samplers.kv_cache import AppendLayer, KeptSequence
 
-__all__ = ["PREFILL_SPLIT_ROWS", "PREFILL_SPLIT_TOKENS", "fill_past", "new_cache", "prefill_apart", "prefill_groups"]
+__all__ = [
+    "PREFILL_SPLIT_ROWS",
+    "PREFILL_SPLIT_TOKENS",
+    "fill_past",
+    "new_cache",
+    "prefill_apart",
+    "prefill_groups",
+    "prefill_inputs",
+]
 
 PREFILL_SPLIT_TOKENS = 32
 """The padded prefill tokens that one more forward pass of a batch's prefill must save. A forward pass costs 27-40
@@ -146,3 +155,24 @@ def fill_past(
             values[:, b, :, past - m : past] = kept.values[:, :, :m]
     keys[:, :, :, past:].zero_()
     values[:, :, :, past:].zero_()
+
+
+def prefill_inputs(
+    prompts: Sequence[Sequence[int]], reused: Sequence[int], pad_id: int
+) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens each prompt prefills (those after its first ``reused[b]``, kept from before), and the prefill's
+    input ids ``(n, width)``, attention mask ``(n, past + width)`` and positions ``(n, width)``: batch row b is
+    [pad | reused m_b] in the past (``past = max(reused)``) and [pad | fresh_b] as input, its positions continuing
+    from m_b."""
+    fresh = [list(ids[m:]) for ids, m in zip(prompts, reused, strict=True)]
+    lengths = [len(ids) for ids in fresh]
+    n, past, width = len(fresh), max(reused), max(lengths)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, past + width), dtype=torch.long)
+    positions = torch.zeros((n, width), dtype=torch.long)
+    for b, (ids, m) in enumerate(zip(fresh, reused, strict=True)):
+        input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention[b, past - m : past] = 1
+        attention[b, past + width - len(ids) :] = 1
+        positions[b, width - len(ids) :] = torch.arange(m, m + len(ids))
+    return lengths, input_ids, attention, positions

@@ -9,22 +9,20 @@ writes the new token's keys and values into one column and attends over a fixed 
 
 Shapes come in buckets (rows in powers of two up to the batch size, columns in multiples of `COLUMN_BUCKET`), so a
 few graphs, captured on first need and sharing one memory pool, serve every call. Finished rows keep their slot
-until the live rows fit a smaller bucket; then they are gathered into the first slots and later steps run that
-bucket (`StaticDecoder.compact`). The largest bucket is the sampler's batch size, which the trainer chooses from the
-device's free memory (`algos.run.memory.sampler_rows`: up to 256 rows on a GPU).
+until the live rows fit a smaller bucket, then are gathered into the first slots (`StaticDecoder.compact`). The
+largest bucket is the sampler's batch size (on a GPU chosen from free memory: `algos.run.memory.sampler_rows`).
 
-Memory: the buffers grow to the largest bucket a call needed and stay allocated; they are freed, and the graphs
-dropped, when the parameters are replaced by other tensors, when the autocast state or the key dtype changes, or
-with `StaticDecoder.clear()`. The step reads q, k and v as one stacked matrix and gate and up as another (copies
-refreshed in place each call; under autocast every linear weight is kept so, in the autocast dtype). In-place
-weight updates need no recapture: a graph reads them by address.
+Memory: the buffers grow to the largest bucket a call needed and stay allocated until the parameters are replaced,
+the autocast state or key dtype changes, or `StaticDecoder.clear()` (which also drops the graphs). The step reads
+q, k, v as one stacked matrix and gate, up as another (copies refreshed in place each call, in the autocast dtype
+under autocast); in-place weight updates need no recapture: a graph reads them by address.
 
 The step reproduces the Llama decoder layer (pre-norm RMS norms, rotary grouped-query attention, a SwiGLU MLP) in
 fewer operations than the model's own forward. `SUPPORTED_MODEL_TYPES` have that layer: Llama, Qwen2 (biases on
 q, k, v) and Mistral; `supports` refuses, with a reason, sliding-window attention, layers with other parameters
 (Qwen3's query and key norms), length-rescaled rotary embeddings and linear layers wrapped by LoRA or quantization.
-On a CPU the same step runs without graphs (`graphs=False`); the sampler's ``decode="static"`` uses it there, and
-tests check that it samples what dynamic decoding samples.
+On a CPU the same step runs without graphs (`graphs=False`, the sampler's ``decode="static"``); tests check that it
+samples what dynamic decoding samples.
 """
 
 from __future__ import annotations

@@ -52,6 +52,17 @@ def _dcp_alone() -> Iterator[None]:
         yield
 
 
+def side_group() -> Any:
+    """A new gloo process group of every rank, for collectives that a thread runs beside the training loop's (a
+    checkpoint written in the background): two threads' collectives on one group could pair up wrongly. A collective
+    itself: every rank calls it, at the same point. None without a process group."""
+    import torch.distributed as dist
+
+    if not _grouped() or dist.get_world_size() < 2:
+        return None
+    return dist.new_group(backend="gloo")
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -116,7 +127,7 @@ def snapshot_sharded_checkpoint(
     Here each rank copies its shards of `tensors` to host memory (DCP's default stager, as its ``async_save`` does)
     and takes its RNG states, so the steps that follow may change the live tensors; the write saves the copies with
     DCP, hashes and commits as `save_sharded_checkpoint` does, its collectives over `group`
-    (`algos.distributed.side_group`: a gloo group of its own, so that they never pair up with the training loop's on
+    (`side_group`: a gloo group of its own, so that they never pair up with the training loop's on
     the default group). The copies cost this rank's shards once more in host memory until the write ends.
 
     Raises:

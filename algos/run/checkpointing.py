@@ -30,6 +30,7 @@ from algos.checkpoints.sharded import (
     load_sharded_tensors,
     save_sharded_checkpoint,
     sharded_keys,
+    side_group,
     snapshot_sharded_checkpoint,
 )
 from algos.checkpoints.store import checkpoint_problem, is_sharded, load_checkpoint, read_state, snapshot_checkpoint
@@ -195,7 +196,7 @@ class RunCheckpoints:
         """The gloo group the background writes of sharded checkpoints use (`distributed.side_group`), made at the
         first one (every rank makes it there: a collective); None without a process group."""
         if "_checkpoint_group" not in self.__dict__:
-            self._checkpoint_group = distributed.side_group()
+            self._checkpoint_group = side_group()
         return self._checkpoint_group
 
     def load(self, path: str | os.PathLike) -> list[dict[str, Any]]:
