@@ -213,6 +213,8 @@ def _curves(run: StoredRun, path: Path) -> Figure:
         f"`{run.name}` in the results store, seed {seed}, {rows[-1]['step']} steps: reward, answer F1, valid "
         "answers and SFT weight of each step's rollouts with their 10-step mean"
     )
+    if any("red/entropy_weight" in r for r in rows):
+        caption += "; RED's entropy weight and accuracy factor, and each entropy per step beside RED's average of it"
     if data["held_out"]:
         caption += (
             f"; held-out F1 and valid answers of the start and final model ({data['held_out']['after']['n']} questions)"
