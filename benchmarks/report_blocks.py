@@ -219,6 +219,33 @@ def first_search(names: str) -> str:
     return "\n".join(lines)
 
 
+def recorded_scale(name: str) -> str:
+    """A stored record of scale steps copied from a measurement's printed output (its run folders not kept): one row
+    a shape and setting, with the step's parts, its throughput and its peak memory."""
+    run = load(name)
+
+    def cell(value: Any, unit: str = "", digits: int = 2) -> str:
+        return "" if value is None else f"{value:,.{digits}f}{unit}"
+
+    lines = [
+        "| shape, setting | step | generation | old log-probs | forward/backward | AdamW | sampled tok/s "
+        "| trajectories/GPU/s | peak GPU memory |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in run.header["rows"]:
+        step, generation = row["step_s"], row["generation_s"]
+        share = f" ({generation / step:.0%})" if step and generation and row["old_logp_s"] is not None else ""
+        peak = cell(row["peak_gib"], " GiB", 1)
+        if row["estimate_gib"] is not None:
+            peak += f" (estimate at start {row['estimate_gib']:.1f})"
+        lines.append(
+            f"| {row['shape']}, {row['setting']} | {cell(step, ' s', 1)} | {cell(generation, ' s', 1)}{share} | "
+            f"{cell(row['old_logp_s'])} | {cell(row['forward_backward_s'])} | {cell(row['adamw_s'])} | "
+            f"{cell(row['tokens_per_s'], '', 0)} | {cell(row['trajectories_per_gpu_s'])} | {peak} |"
+        )
+    return "\n".join(lines)
+
+
 def step_signal(names: str) -> str:
     """Stored trainer runs (comma-joined names), one row each, from their metrics rows (`benchmarks.step_signal`):
     steps, the share of steps with an RL signal, the longest run of steps whose rollouts all scored F1 0, and for
@@ -301,6 +328,9 @@ def readme_results(_: str = "") -> str:
     red_sft = paired_row(flat, "red_grpo - grpo_sft")
     sft_red = paired_row(coda, "red_grpo - grpo_sft:sft_coef=0.4")
     retrieval = load("retrieval").header["targets"]["bm25_batched_over_search_r1_loop (>= 4)"]
+    scale = load("scale-h200-recorded").header
+    dynamic, graphs = (next(r for r in scale["rows"] if r["shape"] == "3B" and key in r["setting"]) for key in
+                       ("dynamic", "graphs"))  # fmt: skip
     seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
     rows = [
         "| main job (the previous preset, with a validation choice), untrained SmolLM2-135M -> held-out dev F1 "
@@ -314,6 +344,10 @@ def readme_results(_: str = "") -> str:
         "| [comparison](docs/results/comparison.md) |",
         f"| batched BM25: **{retrieval:.1f}x** the queries/s of Search-R1's one-query server loop "
         "| [retrieval](docs/results/retrieval.md) |",
+        f"| 3B shape on one H200, CUDA graphs: **{graphs['trajectories_per_gpu_s']:.2f}** trajectories/GPU/s, "
+        f"{dynamic['step_s'] / graphs['step_s']:.1f}x the dynamic cache's step ({scale['date']}, copied from "
+        "the printed output) | [scale](docs/results/scale.md#on-a-gpu-one-h200-2026-12-04-recorded-from-the-"
+        "measurements-printed-output) |",
     ]
     return "\n".join(["| result | page |", "|---|---|", *rows])
 
@@ -331,5 +365,6 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "stats": paired_stats,
     "step-signal": step_signal,
     "first-search": first_search,
+    "recorded-scale": recorded_scale,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

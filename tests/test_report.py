@@ -247,3 +247,20 @@ def test_the_first_search_block_splits_the_stored_questions_by_what_the_first_se
         + mean_ci([1.0], method=interval_method("f1")).format(3)
         + " |"
     )
+
+
+def test_the_recorded_scale_block_renders_a_stored_copy_of_printed_figures(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    row = {"shape": "3B", "setting": "graphs", "step_s": 15.6, "generation_s": 12.5, "old_logp_s": 1.42,
+           "forward_backward_s": 1.47, "adamw_s": 0.08, "tokens_per_s": 3919, "trajectories_per_gpu_s": 4.1,
+           "peak_gib": 68.1, "estimate_gib": 79.8}  # fmt: skip
+    unfinished = {**{k: None for k in row}, "shape": "135M", "setting": "no step"}
+    write_records(tmp_path / "scale.jsonl.gz", [{"record": "run", "rows": [row, unfinished]}])
+    monkeypatch.setattr(results_store, "STORE", tmp_path)
+    text, _ = report.rebuilt("<!-- report:recorded-scale scale -->\n<!-- /report -->\n", "page.md")
+    lines = text.splitlines()
+    assert lines[3] == (
+        "| 3B, graphs | 15.6 s | 12.5 s (80%) | 1.42 | 1.47 | 0.08 | 3,919 | 4.10 | 68.1 GiB (estimate at start 79.8) |"
+    )
+    assert lines[4] == "| 135M, no step |  |  |  |  |  |  |  |  |"
