@@ -142,8 +142,9 @@ VIOLATIONS: dict[str, dict[str, object]] = {
     "kl_estimator": {"kl_estimator": "k2"},
     "skip_zero_advantage": {"skip_zero_advantage": False, "kl_coef": 0.1},
     "recall_reward": {"recall_reward": 0.5, "env": "RedCoda-QueryRewrite-v0"},
+    "red_decay": {"red_decay": 0.9, "red_window": 8, "algo": "red_grpo"},
 }
-"""Each setting honoured only beside another, set without it."""
+"""Each setting honoured only beside another, set without it (under grpo unless an ``algo`` is named)."""
 
 
 def test_every_conditional_setting_is_in_the_table():
@@ -152,9 +153,10 @@ def test_every_conditional_setting_is_in_the_table():
 
 @pytest.mark.parametrize("name", sorted(VIOLATIONS))
 def test_a_setting_without_what_it_needs_is_refused(name):
-    with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} .* is not honoured by grpo"):
-        preset_config("tiny", algo="grpo", **VIOLATIONS[name])
-    assert preset_config("tiny", algo="grpo", **EXAMPLES[name])  # with it: honoured
+    violation = {"algo": "grpo", **VIOLATIONS[name]}
+    with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} .* is not honoured by {violation['algo']}"):
+        preset_config("tiny", **violation)
+    assert preset_config("tiny", algo=violation["algo"], **EXAMPLES[name])  # with it: honoured
 
 
 @pytest.fixture(scope="module")
