@@ -216,10 +216,8 @@ class RED:
         if not self.window:
             h, dh = self._ema(ema, x)
             return h, dh, {}
-        if not math.isfinite(x):
-            raise ValueError(f"entropy must be finite, got {x}")
         trend = self.trends[name]
-        trend.add(x)
+        trend.add(x)  # refuses a value that is not finite
         return trend.mean, trend.change, self._slope_metrics(name)
 
     def _slope_metrics(self, name: str) -> dict[str, float]:
