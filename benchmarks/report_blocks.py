@@ -109,6 +109,11 @@ def comparison_headline(_: str = "") -> str:
     return "\n".join(lines)
 
 
+def _trained(run: StoredRun) -> list[dict[str, Any]]:
+    """A stored trainer run's per-question outcomes of the trained model (the ``after`` part)."""
+    return [q for q in run.questions if q["part"] == "after"]
+
+
 def _after(run: StoredRun) -> dict[str, Any]:
     return next(r for r in _rows(run, "before_after") if r["model"].startswith("after"))
 
@@ -146,7 +151,7 @@ def held_out(names: str) -> str:
     ]
     for name in names.split(","):
         run = load(name)
-        after = [q for q in run.questions if q["part"] == "after"]
+        after = _trained(run)
         cells = []
         for field, metric in (("em", "em"), ("f1", "f1"), ("answered", "answered"), ("searches", "num_searches")):
             cells.append(mean_ci([q[field] for q in after], method=interval_method(metric)).format(3))
@@ -170,7 +175,7 @@ def evaluations(names: str) -> str:
     ]
     for name in names.split(","):
         run = load(name)
-        after = [q for q in run.questions if q["part"] == "after"]
+        after = _trained(run)
         means = [mean(q[f] for q in after) for f in ("em", "f1", "format", "searches", "invalid_actions")]
         cells = [f"{m:.3f}" for m in means[:3]] + [f"{means[3]:.2f}", f"{means[4]:.3f}"]
         lines.append(f"| {run.header['agent']} | {len(after)} | " + " | ".join(cells) + " |")
@@ -198,7 +203,7 @@ def headline_f1() -> tuple[float, list[int]]:
     """The README's headline: mean held-out F1 of the preset's stored main jobs (per-question outcomes), and their
     seeds."""
     runs = [load(name) for name in PRESET_SEEDS]
-    f1 = [mean(q["f1"] for q in r.questions if q["part"] == "after") for r in runs]
+    f1 = [mean(q["f1"] for q in _trained(r)) for r in runs]
     return mean(f1), [r.header["provenance"]["seed"] for r in runs]
 
 
@@ -214,7 +219,7 @@ def first_search(names: str) -> str:
         "|---|---|---|---|---|",
     ]
     for name in names.split(","):
-        after = [q for q in load(name).questions if q["part"] == "after"]
+        after = _trained(load(name))
         cells = []
         for kind in ("shown", "not shown", "yes/no"):
             f1 = [q["f1"] for q in after if q["first_search"] == kind]
