@@ -138,6 +138,7 @@ class _Episode:
     used_tags: set[str] = field(default_factory=set)
     malformed_tags: set[str] = field(default_factory=set)
     refines: list[str] = field(default_factory=list)
+    gold_titles: frozenset[str] = frozenset()  # the question's, stripped and lower-cased as retrieved ones are compared
     retrieved_titles: set[str] = field(default_factory=set)
     queries: set[str] = field(default_factory=set)
     """Every query the episode searched, normalized (a repeat is flagged in the search step's info)."""
@@ -390,7 +391,8 @@ class RAGEnv(BuiltInWorker, gym.Env[str, str]):
         else:
             index = int(self.np_random.integers(len(self.examples)))
         example = self.examples[index]
-        episode = _Episode(index=index, example=example, role=self.first_role)
+        gold = frozenset(t.strip().lower() for t in example.gold_titles)
+        episode = _Episode(index=index, example=example, role=self.first_role, gold_titles=gold)
         if self.corpus_setting == "distractor":
             from retrievers.inmemory import InMemoryBM25
 
@@ -537,14 +539,12 @@ class RAGEnv(BuiltInWorker, gym.Env[str, str]):
         episode.num_searches += 1
         # what this search brought that the episode had not seen: the per-search credit of a trainer (StepSearch's
         # information gain, David-GRPO's repeated-query rule) reads it here, so the env stays the one judge of evidence
-        gold = {t.strip().lower() for t in episode.example.gold_titles}
-        titles = [p.title for p in passages]
-        found = {t.strip().lower() for t in titles}
-        normalized = " ".join(normalize_answer(query).split())
         info["doc_ids"] = [p.doc_id for p in passages]
-        info["titles"] = titles
-        info["new_gold_titles"] = len(found & gold - episode.retrieved_titles)
-        info["gold_titles_total"] = len(gold)
+        info["titles"] = titles = [p.title for p in passages]
+        found = {t.strip().lower() for t in titles}
+        normalized = normalize_answer(query)  # its words one space apart
+        info["new_gold_titles"] = len(found & episode.gold_titles - episode.retrieved_titles)
+        info["gold_titles_total"] = len(episode.gold_titles)
         info["repeated_query"] = normalized in episode.queries
         episode.queries.add(normalized)
         episode.retrieved_titles |= found  # kept as compared: rebuilding it each search cost a long episode its length

@@ -536,6 +536,20 @@ def test_the_search_r1_observation_format_is_search_r1s_byte_for_byte():
         gym.make("RedCoda-HotpotQA-v0", retriever=_FixedRetriever(), observation_format="search-r1")
 
 
+def test_a_paragraph_is_cut_at_each_envs_own_width_though_search_results_remember_it():
+    def shown(words: int) -> str:
+        env = gym.make("RedCoda-HotpotQA-v0", retriever=_FixedRetriever(), max_passage_words=words)
+        env.reset(options={"index": 0})
+        return env.step("<search>Ed Wood</search>")[0].split("\n")[2]
+
+    assert [shown(3), shown(5), shown(3), shown(11)] == [
+        '<information>Doc 1 (Title: "Ed Wood") Edward Davis Wood ...',
+        '<information>Doc 1 (Title: "Ed Wood") Edward Davis Wood Jr. was ...',
+        '<information>Doc 1 (Title: "Ed Wood") Edward Davis Wood ...',
+        '<information>Doc 1 (Title: "Ed Wood") Edward Davis Wood Jr. was an American filmmaker. He directed films.',
+    ]
+
+
 def test_the_class_docstring_example_prints_what_it_says():
     import doctest
 
