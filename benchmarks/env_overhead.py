@@ -1,19 +1,22 @@
 """How much of a search step is the env's own work (parsing, formatting, reward) rather than retrieval.
 
-    python -m benchmarks.env_overhead [--steps 300] [--top-k 3] [--server-envs 16 --server-turns 12] [--json OUT]
+    python -m benchmarks.env_overhead [--steps 300] [--top-k 3] [--warmup 2000] [--server-envs 16] [--json OUT]
 
 Runs real search steps (`env.step("<think>..</think><search>q</search>")`, BM25 over the bundled corpus,
-queries = HotpotQA dev questions, no query cache) and, in the same run, the retriever's `search(q, k)`
-alone on the same queries, interleaved so machine noise hits both alike. It prints both medians and
-their ratio, and the env's own share of a step measured inside each step (step time minus the time of the
-retrieval call it made, over step time), which is immune to noise between calls. Target: at most 5%.
+queries = HotpotQA dev questions, no query cache) after ``--warmup`` searches (Lucene's JIT compiles its search
+over the first thousand or so), and, interleaved with them so machine noise hits both alike, the retriever's
+`search(q, k)` alone. It prints both medians and the env's own share of a step, measured inside each step (step time
+minus the time of the retrieval call it made, over step time). Target: at most 5%.
 
-With ``--server-envs N`` it then starts a local retrieval server (``python -m retrievers.server``, BM25 over the
-bundled corpus) and steps N envs together for ``--server-turns`` turns, each env searching a different dev
-question per turn, two ways, interleaved: every env searching on its own (``query_cache=0``: N requests per turn),
-and the batched way of the agents' rollouts (`envs.batching.prefetch_searches`: one request per turn, the envs'
-own searches answered from the shared cache). It prints both medians per turn and their ratio. ``--json OUT`` also
-writes the figures with their provenance (`envs.provenance`), which `python -m benchmarks.report ingest` stores.
+Two more measurements say where the env's own time goes: the same steps with retrieval a dict lookup (the env's
+work with warm caches), and with a retriever that first writes to every cache line of 64 MiB and then looks up
+(no JVM: a retriever that touches that much memory, as a search over an index does, leaves the env's Python to run
+on cold caches). With ``--server-envs N`` it starts a local retrieval server (``python -m retrievers.server``) and
+steps N envs together for ``--server-turns`` turns, each env searching a different dev question per turn, two
+ways, interleaved: every env searching on its own (``query_cache=0``: N requests per turn; the env's share of
+those steps is reported too), and the batched way of the agents' rollouts (`envs.batching.prefetch_searches`: one
+request per turn, the envs' own searches answered from the shared cache). ``--json OUT`` also writes the figures
+with their provenance (`envs.provenance`), which `python -m benchmarks.report ingest` stores.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ MAX_TURNS = LIMIT_CAPS["max_turns"]
 reset (outside the timings) and the measurement goes on."""
 
 
+EVICT_MIB = 64
+"""Memory the cache-evicting retriever writes before it answers: twice the largest last-level cache of the machines
+this runs on, so nothing the env touched before the search is still cached after it."""
+
+
 class _Timed:
     """Forwards to a retriever and remembers how long its last search took."""
 
@@ -54,15 +62,34 @@ class _Timed:
         return self.inner.batch_search(queries, k)
 
 
+class _Lookup:
+    """A retriever that answers from a dict of passages already retrieved; with `evict_bytes`, it first writes to
+    every cache line of that much memory (a search's memory traffic without its JVM)."""
+
+    def __init__(self, passages, evict_bytes: int = 0) -> None:
+        import numpy as np
+
+        self.passages = passages
+        self.memory = np.zeros(evict_bytes, dtype=np.uint8)
+
+    def search(self, query, k):
+        self.memory[::64] += 1
+        return self.passages[query]
+
+    def batch_search(self, queries, k):
+        return [self.search(q, k) for q in queries]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2000, help="searches before measuring (Lucene's JIT)")
     parser.add_argument("--server-envs", type=int, default=0, help="envs per turn against a local server (0: skip)")
     parser.add_argument("--server-turns", type=int, default=12, help="measured turns of the server comparison")
     parser.add_argument("--json", default=None, help="also write the figures and their provenance to this file")
     args = parser.parse_args(argv)
-    limits = (("--steps", 1), ("--top-k", 1), ("--server-envs", 0), ("--server-turns", 1))
+    limits = (("--steps", 1), ("--top-k", 1), ("--warmup", 0), ("--server-envs", 0), ("--server-turns", 1))
     for flag, low in limits:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value < low:
@@ -72,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = gym.make("RedCoda-HotpotQA-v0", top_k=args.top_k, max_turns=MAX_TURNS, query_cache=0).unwrapped
     retriever = env.retriever
     timed = env.retriever = _Timed(retriever)
-    queries = [ex.question for ex in load_examples("hotpotqa", "dev")]
-    queries = (queries * (args.steps // len(queries) + 1))[: args.steps]
-    for q in queries[:20]:  # warm the JVM and page cache
+    dev = [ex.question for ex in load_examples("hotpotqa", "dev")]
+    queries = (dev * (args.steps // len(dev) + 1))[: args.steps]
+    for q in (dev * (args.warmup // len(dev) + 1))[: args.warmup]:
         retriever.search(q, args.top_k)
 
     env.reset(seed=0)
@@ -103,28 +130,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         shares.append(own[-1] / step_times[-1])
 
     passages = {clean_query(q): retriever.search(clean_query(q), args.top_k) for q in dict.fromkeys(queries)}
-    free = _steps_without_retrieval(env, queries, passages)
+    free = _own_time(env, queries, _Lookup(passages))
+    evicted = _own_time(env, queries, _Lookup(passages, EVICT_MIB << 20))
+    env.retriever = retriever
     step, search = statistics.median(step_times), statistics.median(search_times)
     print(f"queries: {len(queries)} HotpotQA dev questions, top_k={args.top_k}, BM25 (Pyserini), bundled corpus")
+    print(f"searches before measuring        : {args.warmup:8d}")
     print(f"median env.step(<search>)        : {step * 1e3:8.3f} ms")
     print(f"median retriever.search alone    : {search * 1e3:8.3f} ms")
     print(f"ratio step / search              : {step / search:8.3f}")
     print(f"env's own share, inside each step: {statistics.median(shares):8.1%}  (median; target <= 5%)")
     print(f"env's own time, inside each step : {statistics.median(own) * 1e6:8.1f} us (median)")
     print(f"a step, retrieval a dict lookup  : {free * 1e6:8.1f} us (median; the env's work with warm caches)")
+    print(f"the same after {EVICT_MIB} MiB written   : {evicted * 1e6:8.1f} us (median; the env's work on cold caches)")
     result = {
         "kind": "env_overhead",
         "steps": len(queries),
         "top_k": args.top_k,
+        "warmup": args.warmup,
         "step_ms": step * 1e3,
         "search_ms": search * 1e3,
         "env_share": statistics.median(shares),
         "env_us": statistics.median(own) * 1e6,
         "env_us_lookup": free * 1e6,
+        "env_us_evicted": evicted * 1e6,
+        "evict_mib": EVICT_MIB,
         "load_average": os.getloadavg()[0],
     }
     if args.server_envs > 0:
-        result["server"] = server_comparison(args.server_envs, args.server_turns, args.top_k)
+        result["server"] = server_comparison(args.server_envs, args.server_turns, args.top_k, args.warmup)
     if args.json:
         from envs.provenance import provenance
 
@@ -133,39 +167,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.dump(result, handle, indent=1)
 
 
-class _Lookup:
-    """A retriever that answers from a dict of passages already retrieved: a step's cost without the search's."""
-
-    def __init__(self, passages) -> None:
-        self.passages = passages
-
-    def search(self, query, k):
-        return self.passages[query]
-
-    def batch_search(self, queries, k):
-        return [self.passages[q] for q in queries]
-
-
-def _steps_without_retrieval(env, queries, passages) -> float:
-    """The median `env.step(<search>)` over `queries` with retrieval a lookup in `passages` (the env restored)."""
-    inner, env.retriever = env.retriever, _Lookup(passages)
-    times = []
-    try:
-        env.reset(seed=0)
-        for i, q in enumerate(queries):
-            if i and i % MAX_TURNS == 0:
-                env.reset()
-            start = time.perf_counter()
-            env.step(f"<think>look it up</think><search>{q}</search>")
-            times.append(time.perf_counter() - start)
-    finally:
-        env.retriever = inner
-    return statistics.median(times)
+def _own_time(env, queries, retriever) -> float:
+    """The env's median own time in `env.step(<search>)` over `queries` with `retriever` (step minus its search)."""
+    timed = env.retriever = _Timed(retriever)
+    own = []
+    env.reset(seed=0)
+    for i, q in enumerate(queries):
+        if i and i % MAX_TURNS == 0:
+            env.reset()
+        start = time.perf_counter()
+        env.step(f"<think>look it up</think><search>{q}</search>")
+        own.append(time.perf_counter() - start - timed.last)
+    return statistics.median(own)
 
 
-def server_comparison(num_envs: int, turns: int, top_k: int) -> dict[str, float]:
-    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server; returns
-    the envs, turns and both median turns in ms."""
+def server_comparison(num_envs: int, turns: int, top_k: int, warmup: int = 0) -> dict[str, float]:
+    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server (sent
+    `warmup` searches first); returns the envs, turns, both median turns in ms, and the env's own share and time
+    in the per-env steps."""
     import socket
     import subprocess
     import sys
@@ -193,16 +212,26 @@ def server_comparison(num_envs: int, turns: int, top_k: int) -> dict[str, float]
                 raise RuntimeError(f"the retrieval server did not start (exit status {server.poll()})")
             time.sleep(0.5)
         settings = {"top_k": top_k, "max_turns": MAX_TURNS, "retriever": url}
-        alone = [gym.make("RedCoda-HotpotQA-v0", query_cache=0, **settings) for _ in range(num_envs)]
+        alone = [gym.make("RedCoda-HotpotQA-v0", query_cache=0, **settings).unwrapped for _ in range(num_envs)]
+        for env in alone:
+            env.retriever = _Timed(env.retriever)
         batched = [gym.make("RedCoda-HotpotQA-v0", query_cache=1 << 16, **settings) for _ in range(num_envs)]
         for env in alone + batched:
             env.reset(seed=0)
         questions = [ex.question for ex in load_examples("hotpotqa", "dev")]
         turns = min(turns, len(questions) // num_envs - 1)
+        if warmup:
+            alone[0].retriever.batch_search((questions * (warmup // len(questions) + 1))[:warmup], top_k)
+        own: list[float] = []
+        shares: list[float] = []
 
         def each_alone(actions: list[str]) -> None:
             for env, action in zip(alone, actions, strict=True):
+                start = time.perf_counter()
                 env.step(action)
+                step = time.perf_counter() - start
+                own.append(max(step - env.retriever.last, 0.0))
+                shares.append(own[-1] / step)
 
         def together(actions: list[str]) -> None:
             prefetch_searches(batched, actions)
@@ -219,6 +248,8 @@ def server_comparison(num_envs: int, turns: int, top_k: int) -> dict[str, float]
                 run(actions)
                 if turn:
                     times[name].append(time.perf_counter() - start)
+                elif name == "alone":  # the warm-up turn's steps are not measured
+                    del own[:], shares[:]
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -227,7 +258,16 @@ def server_comparison(num_envs: int, turns: int, top_k: int) -> dict[str, float]
     print(f"median turn, each env its own request ({num_envs} requests): {alone_turn * 1e3:8.1f} ms")
     print(f"median turn, one batched request                   : {batched_turn * 1e3:8.1f} ms")
     print(f"ratio own / batched                                : {alone_turn / batched_turn:8.2f}")
-    return {"envs": num_envs, "turns": turns, "alone_ms": alone_turn * 1e3, "batched_ms": batched_turn * 1e3}
+    share, env_us = statistics.median(shares), statistics.median(own) * 1e6
+    print(f"env's own share of a per-env step (median)        : {share:8.1%}  ({env_us:.1f} us)")
+    return {
+        "envs": num_envs,
+        "turns": turns,
+        "alone_ms": alone_turn * 1e3,
+        "batched_ms": batched_turn * 1e3,
+        "env_share": share,
+        "env_us": env_us,
+    }
 
 
 if __name__ == "__main__":

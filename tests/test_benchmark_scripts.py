@@ -46,16 +46,22 @@ def test_env_overhead_steps_searches(capsys, tmp_path, monkeypatch):
     from benchmarks import report, results_store
     from benchmarks.env_overhead import main
 
-    main(["--steps", "3", "--json", str(tmp_path / "overhead.json")])
+    argv = ["--steps", "3", "--warmup", "4", "--server-envs", "2", "--server-turns", "2"]
+    main([*argv, "--json", str(tmp_path / "overhead.json")])
     out = capsys.readouterr().out
     assert "queries: 3 HotpotQA dev questions" in out and "env's own share, inside each step" in out
     written = json.loads((tmp_path / "overhead.json").read_text())
-    assert written["steps"] == 3 and 0 <= written["env_share"] <= 1 and written["env_us_lookup"] > 0
+    assert written["steps"] == 3 and written["warmup"] == 4 and 0 <= written["env_share"] <= 1
+    assert written["env_us_lookup"] > 0 and written["env_us_evicted"] > 0 and written["evict_mib"] == 64
+    server = written["server"]
+    assert (server["envs"], server["turns"]) == (2, 2) and 0 < server["env_share"] < 1 and server["env_us"] > 0
     assert written["provenance"]["data"]["questions"]["file"] == "bundled:hotpotqa/dev"
     results_store.ingest(tmp_path / "overhead.json", "overhead", store=tmp_path / "store")
     monkeypatch.setattr(results_store, "STORE", tmp_path / "store")
     text, _ = report.rebuilt("<!-- report:env-overhead overhead -->\n<!-- /report -->\n", "page.md")
     assert f"| {written['env_share']:.1%} (target <= 5%) |" in text
+    assert f"| the same after retrieval wrote 64 MiB, no JVM (median) | {written['env_us_evicted']:.1f} µs |" in text
+    assert f"| {server['env_share']:.1%} ({server['env_us']:.1f} µs) |" in text
 
 
 def test_rollout_measures_a_coda_rollout_against_plain_sampling(tiny_dir, one_torch_thread):
@@ -199,6 +205,7 @@ def test_sampler_vllm_runs_with_vllm():
     [
         ("benchmarks.server_memory", ["--requests", "0"], "--requests must be >= 1, got 0"),
         ("benchmarks.env_overhead", ["--steps", "0"], "--steps must be >= 1, got 0"),
+        ("benchmarks.env_overhead", ["--warmup", "-1"], "--warmup must be >= 0, got -1"),
         ("benchmarks.sampler_vllm", ["--rows", "2", "0"], "--rows must be >= 1, got 0"),
     ],
 )
