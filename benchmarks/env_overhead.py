@@ -104,30 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for q in (dev * (args.warmup // len(dev) + 1))[: args.warmup]:
         retriever.search(q, args.top_k)
 
-    env.reset(seed=0)
-    step_times, search_times, shares, own = [], [], [], []
-    for i, q in enumerate(queries):
-        if i and i % MAX_TURNS == 0:  # the episode's last turn was taken: a new one, outside the timings
-            env.reset()
-        action = f"<think>look it up</think><search>{q}</search>"
-        if i % 2:  # alternate the order so neither side always runs on a warmer cache
-            t0 = time.perf_counter()
-            retriever.search(q, args.top_k)
-            t1 = time.perf_counter()
-            env.step(action)
-            t2 = time.perf_counter()
-            search_times.append(t1 - t0)
-            step_times.append(t2 - t1)
-        else:
-            t0 = time.perf_counter()
-            env.step(action)
-            t1 = time.perf_counter()
-            retriever.search(q, args.top_k)
-            t2 = time.perf_counter()
-            step_times.append(t1 - t0)
-            search_times.append(t2 - t1)
-        own.append(max(step_times[-1] - timed.last, 0.0))
-        shares.append(own[-1] / step_times[-1])
+    step_times, search_times, shares, own = _interleaved(env, timed, queries, args.top_k)
 
     passages = {clean_query(q): retriever.search(clean_query(q), args.top_k) for q in dict.fromkeys(queries)}
     free = _own_time(env, queries, _Lookup(passages))
@@ -156,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "env_us_evicted": evicted * 1e6,
         "evict_mib": EVICT_MIB,
         "load_average": os.getloadavg()[0],
+        "cores_allowed": len(os.sched_getaffinity(0)),  # fewer than the machine's under `taskset`
     }
     if args.server_envs > 0:
         result["server"] = server_comparison(args.server_envs, args.server_turns, args.top_k, args.warmup)
@@ -165,6 +143,37 @@ def main(argv: Sequence[str] | None = None) -> None:
         result["provenance"] = provenance(seed=None, env_kwargs={"split": "dev", "top_k": args.top_k})
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)
+
+
+def _interleaved(env, timed: _Timed, queries: list[str], k: int) -> tuple[list[float], ...]:
+    """Search steps over `queries`, each beside the retriever's search alone: step times, search times, the env's
+    own shares and own times."""
+    retriever = timed.inner
+    env.reset(seed=0)
+    step_times, search_times, shares, own = [], [], [], []
+    for i, q in enumerate(queries):
+        if i and i % MAX_TURNS == 0:  # the episode's last turn was taken: a new one, outside the timings
+            env.reset()
+        action = f"<think>look it up</think><search>{q}</search>"
+        if i % 2:  # alternate the order so neither side always runs on a warmer cache
+            t0 = time.perf_counter()
+            retriever.search(q, k)
+            t1 = time.perf_counter()
+            env.step(action)
+            t2 = time.perf_counter()
+            search_times.append(t1 - t0)
+            step_times.append(t2 - t1)
+        else:
+            t0 = time.perf_counter()
+            env.step(action)
+            t1 = time.perf_counter()
+            retriever.search(q, k)
+            t2 = time.perf_counter()
+            step_times.append(t1 - t0)
+            search_times.append(t2 - t1)
+        own.append(max(step_times[-1] - timed.last, 0.0))
+        shares.append(own[-1] / step_times[-1])
+    return step_times, search_times, shares, own
 
 
 def _own_time(env, queries, retriever) -> float:
@@ -181,17 +190,13 @@ def _own_time(env, queries, retriever) -> float:
     return statistics.median(own)
 
 
-def server_comparison(num_envs: int, turns: int, top_k: int, warmup: int = 0) -> dict[str, float]:
-    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server (sent
-    `warmup` searches first); returns the envs, turns, both median turns in ms, and the env's own share and time
-    in the per-env steps."""
+def _start_server():
+    """A local retrieval server (BM25 over the bundled corpus) that answers: ``(its process, its URL)``."""
     import socket
     import subprocess
     import sys
 
     import httpx
-
-    from envs.batching import prefetch_searches
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -200,17 +205,27 @@ def server_comparison(num_envs: int, turns: int, top_k: int, warmup: int = 0) ->
     server = subprocess.Popen(
         [sys.executable, "-m", "retrievers.server", "--port", str(port)], stdout=subprocess.DEVNULL
     )
+    deadline = time.monotonic() + 600  # a first run builds the Lucene index
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError(f"the retrieval server did not start (exit status {server.poll()})")
+        time.sleep(0.5)
+
+
+def server_comparison(num_envs: int, turns: int, top_k: int, warmup: int = 0) -> dict[str, float]:
+    """Per-env searches vs one batched request per turn, `num_envs` envs against a local retrieval server (sent
+    `warmup` searches first); returns the envs, turns, both median turns in ms, and the env's own share and time
+    in the per-env steps."""
+    from envs.batching import prefetch_searches
+
+    server, url = _start_server()
     try:
-        deadline = time.monotonic() + 600  # a first run builds the Lucene index
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the retrieval server did not start (exit status {server.poll()})")
-            time.sleep(0.5)
         settings = {"top_k": top_k, "max_turns": MAX_TURNS, "retriever": url}
         alone = [gym.make("RedCoda-HotpotQA-v0", query_cache=0, **settings).unwrapped for _ in range(num_envs)]
         for env in alone:

@@ -302,9 +302,13 @@ def env_overhead(name: str) -> str:
             f"| the same after retrieval wrote {header['evict_mib']} MiB, no JVM (median) | "
             f"{header['env_us_evicted']:.1f} µs |"
         )
+    machine = header["provenance"]["machine"]
+    pinned = header.get("cores_allowed", machine["cores"]) < machine["cores"]
     lines += [
         f"| load average (1 min) at the end | {header['load_average']:.1f} |",
-        f"| CPU | {header['provenance']['machine']['cpu']}, {header['provenance']['machine']['cores']} cores |",
+        f"| CPU | {machine['cpu']}, {machine['cores']} cores"
+        + (f" (the process pinned to {header['cores_allowed']})" if pinned else "")
+        + " |",
     ]
     server = header.get("server")
     if server:

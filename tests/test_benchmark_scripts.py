@@ -62,6 +62,13 @@ def test_env_overhead_steps_searches(capsys, tmp_path, monkeypatch):
     assert f"| {written['env_share']:.1%} (target <= 5%) |" in text
     assert f"| the same after retrieval wrote 64 MiB, no JVM (median) | {written['env_us_evicted']:.1f} µs |" in text
     assert f"| {server['env_share']:.1%} ({server['env_us']:.1f} µs) |" in text
+    assert written["cores_allowed"] == len(os.sched_getaffinity(0)) and "pinned" not in text
+    machine = {**written["provenance"]["machine"], "cores": 4}
+    pinned = {**written, "cores_allowed": 1, "provenance": {**written["provenance"], "machine": machine}}
+    (tmp_path / "pinned.json").write_text(json.dumps(pinned))
+    results_store.ingest(tmp_path / "pinned.json", "pinned", store=tmp_path / "store")
+    text, _ = report.rebuilt("<!-- report:env-overhead pinned -->\n<!-- /report -->\n", "page.md")
+    assert f"| CPU | {machine['cpu']}, 4 cores (the process pinned to 1) |" in text
 
 
 def test_rollout_measures_a_coda_rollout_against_plain_sampling(tiny_dir, one_torch_thread):
