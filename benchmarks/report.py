@@ -4,7 +4,7 @@
     python -m benchmarks.report --check                # exit 1 naming each block that differs (CI runs this)
     python -m benchmarks.report --redraw               # ... and draw every figure again, not only stale ones
     python -m benchmarks.report ingest RUN [--name N]  # a run directory, comparison or result file into the store
-    python -m benchmarks.report stats A B [--metric f1]   # paired by question: A - B, its interval and p
+    python -m benchmarks.report stats A B [--metric f1] [--without-yes-no]   # paired by question: A - B, and p
 
 A page holds a block between ``<!-- report:NAME ARG -->`` and ``<!-- /report -->`` (`benchmarks.report_blocks`
 names them; ``figure`` blocks, `benchmarks.report_figures`, also draw their PNG); what is between is the block's output,
@@ -12,8 +12,8 @@ and nothing else is touched. ``stats`` takes stored runs
 (``NAME`` or ``NAME:PART``: a trainer run's parts are ``after``, the default, and ``before``, a comparison's
 ``<system>-seed<s>``), several joined by commas to mean each
 question's score over them (seeds); the difference is `envs.stats.paired_difference` (seeded BCa bootstrap) and p
-`envs.stats.paired_permutation_p`, over the questions both sides scored. Runs that predate the store hold no
-per-question results, and ``stats`` says so. The store itself: `benchmarks.results_store`.
+`envs.stats.paired_permutation_p`, over the questions both sides scored. A run whose per-question results were
+never kept cannot be paired, and ``stats`` says so. The store itself: `benchmarks.results_store`.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("a", help="NAME[:PART][,NAME[:PART]...]")
     stats.add_argument("b", help="NAME[:PART][,NAME[:PART]...]")
     stats.add_argument("--metric", default="f1", help="a per-question field: f1, em, answered, searches, ...")
+    stats.add_argument("--without-yes-no", action="store_true", help="leave out questions answered yes or no")
     return parser
 
 
@@ -109,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stored {name}: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return 0
     if args.command == "stats":
-        got = paired_stats(args.a, args.b, args.metric)
+        got = paired_stats(args.a, args.b, args.metric, without_yes_no=args.without_yes_no)
+        metric = args.metric + (" without yes/no" if args.without_yes_no else "")
         print(
-            f"{args.a} - {args.b}: {args.metric} {got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}] "
+            f"{args.a} - {args.b}: {metric} {got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}] "
             f"(95% BCa bootstrap), p {got['p']:.2g} (paired permutation), {got['n']} questions"
         )
         return 0

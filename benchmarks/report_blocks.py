@@ -6,7 +6,10 @@ A block is a function of the store and its argument that returns Markdown; a pag
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
@@ -57,9 +60,28 @@ def _rows(run: StoredRun, table: str) -> list[dict[str, Any]]:
     return [r for r in run.rows if r["table"] == table]
 
 
-def paired_row(run: StoredRun, comparison: str, metric: str = "f1") -> dict[str, Any] | None:
-    """One recorded paired row of a stored comparison (None when it has none)."""
-    return next((r for r in _rows(run, "paired") if r["comparison"] == comparison and r["metric"] == metric), None)
+def _system_side(run: StoredRun, system: str) -> str:
+    """One system of a stored comparison as a side of `results_store.paired_stats`: its seeds' parts, comma-joined
+    (``start model``: the untrained model's part)."""
+    if system == "start model":
+        return f"{run.name}:untrained"
+    stem = re.escape(system.replace(":sft_coef=", "-sft_coef"))
+    parts = sorted({q["part"] for q in run.questions if re.fullmatch(stem + r"-seed\d+", q["part"])})
+    if not parts:
+        raise SystemExit(f"{run.name}: the store holds no per-question results for {system}")
+    return ",".join(f"{run.name}:{part}" for part in parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _paired(a: str, b: str, metric: str, without_yes_no: bool, store: str) -> dict[str, float | int]:
+    return results_store.paired_stats(a, b, metric, Path(store), without_yes_no)
+
+
+def red_minus(run: StoredRun, other: str, metric: str = "f1", without_yes_no: bool = False) -> dict[str, Any]:
+    """RED minus `other` in a stored comparison, by question over the seeds (`results_store.paired_stats`: the
+    difference with its BCa interval, the paired permutation p, the questions)."""
+    a, b = _system_side(run, "red_grpo"), _system_side(run, other)
+    return _paired(a, b, metric, without_yes_no, str(results_store.STORE))
 
 
 def systems(name: str) -> str:
@@ -83,11 +105,19 @@ def systems(name: str) -> str:
 
 
 def paired(name: str) -> str:
-    """A stored comparison's recorded paired rows (difference [95% CI] and p, as recorded with its method)."""
-    lines = ["| comparison | metric | difference [95% CI] | p |", "|---|---|---|---|"]
-    for row in _rows(load(name), "paired"):
-        lines.append(f"| {row['comparison']} | {row['metric']} | {_diff(row['difference [95% CI]'])} | "
-                     f"{p_value(row['p'])} |")  # fmt: skip
+    """RED minus each other system of a stored comparison, the rows its own table printed, each recomputed by
+    question from the stored per-question results (`red_minus`)."""
+    run = load(name)
+    lines = ["| comparison | metric | difference [95% CI] | p | questions |", "|---|---|---|---|---|"]
+    for row in _rows(run, "paired"):
+        other = row["comparison"].removeprefix("red_grpo - ")
+        metric, _, rest = row["metric"].partition(" ")
+        got = red_minus(run, other, metric, without_yes_no=rest.startswith("without yes/no"))
+        label = f"{metric} without yes/no" if rest else metric
+        lines.append(
+            f"| {row['comparison']} | {label} | {got['difference']:+.3f} [{got['low']:+.3f}, {got['high']:+.3f}] | "
+            f"{p_value(got['p'])} | {got['n']} |"
+        )
     return "\n".join(lines)
 
 
@@ -103,8 +133,11 @@ def comparison_headline(_: str = "") -> str:
         f1 = {r["algorithm"]: _mean(r["F1"]) for r in _rows(run, "systems")}
         cells = [f"{f1[a]:.3f}" if a in f1 else "-" for a in ("red_grpo", "grpo_sft", "grpo_sft:sft_coef=0.4", "grpo")]
         for other in ("grpo_sft", "grpo_sft:sft_coef=0.4"):
-            row = paired_row(run, f"red_grpo - {other}")
-            cells.append(f"{row['difference [95% CI]']['mean']:+.3f}, p {p_value(row['p'])}" if row else "-")
+            if other not in f1:
+                cells.append("-")
+                continue
+            got = red_minus(run, other)
+            cells.append(f"{got['difference']:+.3f}, p {p_value(got['p'])}")
         lines.append(f"| {regime} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -352,8 +385,7 @@ def readme_results(_: str = "") -> str:
     """README's results table: only figures the store rebuilds, each with its seeds and page."""
     f1, seeds = headline_f1()
     flat, coda = load("compare-cpu-flat-84"), load("compare-cpu-coda-66")
-    red_sft = paired_row(flat, "red_grpo - grpo_sft")
-    sft_red = paired_row(coda, "red_grpo - grpo_sft:sft_coef=0.4")
+    red_sft, red_sft4 = red_minus(flat, "grpo_sft"), red_minus(coda, "grpo_sft:sft_coef=0.4")
     retrieval = load("retrieval").header["targets"]["bm25_batched_over_search_r1_loop (>= 4)"]
     scale = load("scale-h200-recorded").header
     dynamic, graphs = (next(r for r in scale["rows"] if r["shape"] == "3B" and key in r["setting"]) for key in
@@ -364,11 +396,10 @@ def readme_results(_: str = "") -> str:
         f"**{f1:.3f}** "
         f"(mean of {seed_text}, dev 0-99; 2-core CPU, 25 training minutes) "
         "| [main job](docs/results/main-job.md#seeds-0-2-of-the-preset) |",
-        f"| flat, 3 seeds: RED over GRPO + SFT, paired dev F1 **{red_sft['difference [95% CI]']['mean']:+.3f}** "
-        f"(sign-flip p {p_value(red_sft['p'])}, as recorded) | [comparison](docs/results/comparison.md) |",
-        f"| CoDA, 3 seeds: a fixed SFT weight of 0.4 over RED, paired dev F1 "
-        f"**{-sft_red['difference [95% CI]']['mean']:+.3f}** (sign-flip p {p_value(sft_red['p'])}, as recorded) "
-        "| [comparison](docs/results/comparison.md) |",
+        f"| flat, 3 seeds: RED over GRPO + SFT, paired dev F1 **{red_sft['difference']:+.3f}** "
+        f"(permutation p {p_value(red_sft['p'])}) | [comparison](docs/results/comparison.md) |",
+        f"| CoDA, 3 seeds: a fixed SFT weight of 0.4 over RED, paired dev F1 **{-red_sft4['difference']:+.3f}** "
+        f"(permutation p {p_value(red_sft4['p'])}) | [comparison](docs/results/comparison.md) |",
         f"| batched BM25: **{retrieval:.1f}x** the queries/s of Search-R1's one-query server loop "
         "| [retrieval](docs/results/retrieval.md) |",
         f"| 3B shape on one H200, CUDA graphs: **{graphs['trajectories_per_gpu_s']:.2f}** trajectories/GPU/s, "

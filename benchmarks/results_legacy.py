@@ -7,14 +7,15 @@
 A comparison folder (``compare-*``) kept ``table.md`` (and ``table.csv``): every table in it becomes ``row`` records
 (``table``: systems, paired, runs), and the header's command and machine the run's provenance. A main job folder
 (``main-job-*``) kept ``eval.md`` and ``run.log``: the before/after rows, the steps, the validation scores and the
-chosen step. Their commits and data hashes were never recorded and their per-question results are not stored, and
-the run record says so (``provenance.missing``): `benchmarks.report stats` cannot pair them. Their metrics rows left
-the tree but not the git history; restored beside the folder's files (a comparison's ``runs/<run>/metrics.jsonl``, a
-main job's ``metrics.jsonl``), they are stored too, and the pages' figures are drawn from them:
+chosen step. Their commits and data hashes were never recorded, and the run record says so (``provenance.missing``).
+Their metrics rows and per-question results left the tree but not the git history; restored beside the folder's
+files (a comparison's ``runs/<run>/metrics.jsonl`` and ``evals/<system>-seed<s>.json``, a main job's
+``metrics.jsonl`` and ``eval.json``), they are stored too: the pages' figures are drawn from the metrics rows, and
+`benchmarks.report stats` pairs the runs by question:
 
-    git archive dfe5c88^ benchmarks/results/compare-cpu-flat-84/runs | tar -x   # the last commit that held them
+    git archive dfe5c88^ benchmarks/results/compare-cpu-flat-84 | tar -x   # the last commit that held them
     python -m benchmarks.report ingest benchmarks/results/compare-cpu-flat-84
-    rm -r benchmarks/results/compare-cpu-flat-84/runs
+    git clean -fdx benchmarks/results/compare-cpu-flat-84                    # the restored files stay in history
 """
 
 from __future__ import annotations
@@ -71,8 +72,16 @@ def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [{"record": "metrics", **json.loads(line)} for line in lines if line.strip()]
 
 
-def _missing(metrics: list[dict[str, Any]]) -> list[str]:
-    return [m for m in MISSING if not (metrics and m == "metrics rows")]
+def _missing(metrics: list[dict[str, Any]], questions: list[dict[str, Any]]) -> list[str]:
+    restored = {"metrics rows": bool(metrics), "per-question results": bool(questions)}
+    return [m for m in MISSING if not restored.get(m)]
+
+
+def _questions(result: dict[str, Any], part: str) -> list[dict[str, Any]]:
+    """A restored evaluation's ``question`` records (no first-search class: these evaluations kept no settings)."""
+    from benchmarks.results_store import question_records
+
+    return question_records(result, part, first_search=False)
 
 
 def _stated(text: str, label: str) -> str | None:
@@ -86,6 +95,8 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
     first = text.split("\n\n", 1)[0]
     runs = sorted(p.parent for p in folder.glob("runs/*/metrics.jsonl"))
     metrics = [{**row, "run": run.name} for run in runs for row in metrics_rows(run)]
+    evals = sorted(folder.glob("evals/*.json"))
+    questions = [q for path in evals for q in _questions(json.loads(path.read_text(encoding="utf-8")), path.stem)]
     header = {
         "record": "run",
         "kind": "comparison",
@@ -94,16 +105,17 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
             "command": _stated(first, "Command"),
             "machine": _stated(first, "Machine"),
             "seeds": _stated(first, "seeds"),
-            "missing": _missing(metrics),
+            "missing": _missing(metrics, questions),
         },
         "files": [str(p.name) for p in sorted(folder.iterdir()) if p.suffix in (".md", ".csv")]
-        + [f"runs/{run.name}/metrics.jsonl" for run in runs],
+        + [f"runs/{run.name}/metrics.jsonl" for run in runs]
+        + [f"evals/{path.name}" for path in evals],
     }
     rows = []
     for table in markdown_tables(text):
         kind = _table_kind(table)
         rows += [{"record": "row", "table": kind, **row} for row in table]
-    return [header, *rows, *metrics]
+    return [header, *rows, *questions, *metrics]
 
 
 def main_job_records(folder: Path) -> list[dict[str, Any]]:
@@ -117,6 +129,10 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
     validation = {int(s): float(f) for s, f, _ in scored}
     answered = {int(s): float(a) for s, _, a in scored if a}
     metrics = metrics_rows(folder)
+    questions = []
+    if (folder / "eval.json").exists():
+        restored = json.loads((folder / "eval.json").read_text(encoding="utf-8"))
+        questions = _questions(restored["after"], "after") + _questions(restored["before"], "before")
     seed = re.search(r"seed(\d+)$", folder.name)
     header = {
         "record": "run",
@@ -126,7 +142,7 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
             "command": f"python -m algos.red_grpo --seed {seed[1] if seed else 0}",
             "command_source": "docs/results/main-job.md (run.log does not print it; the folder name gives the seed)",
             "seed": int(seed[1]) if seed else 0,
-            "missing": _missing(metrics),
+            "missing": _missing(metrics, questions),
         },
         "summary": {
             "steps": int(steps[1]) if steps else None,
@@ -134,12 +150,23 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
             "chosen_step": int(chosen[2]) if chosen else None,
             "validation_f1": {str(k): v for k, v in sorted(validation.items())},
         },
-        "files": ["eval.md", "run.log"] + (["metrics.jsonl"] if metrics else []),
+        "files": ["eval.md", "run.log"] + (["metrics.jsonl"] if metrics else []) + (["eval.json"] if questions else []),
     }
     if answered:
         header["summary"]["validation_answered"] = {str(k): v for k, v in sorted(answered.items())}
     table = markdown_tables(evaluation)[0]
-    return [header, *({"record": "row", "table": "before_after", **row} for row in table), *metrics]
+    return [header, *({"record": "row", "table": "before_after", **row} for row in table), *questions, *metrics]
+
+
+def is_legacy(folder: Path) -> bool:
+    """Whether `folder` is one of the committed folders that predate the store: its name says so, and it has none of
+    the files the store's own ingest reads first (a comparison's report.json, a trainer run's summary.json)."""
+    return (
+        folder.is_dir()
+        and folder.name.startswith(LEGACY)
+        and not (folder / "report.json").exists()
+        and not (folder / "summary.json").exists()
+    )
 
 
 def legacy_records(folder: Path) -> list[dict[str, Any]]:

@@ -196,15 +196,15 @@ def ingest_result(path: Path, first_search: bool = True) -> list[dict[str, Any]]
 
 def ingest(source: Path, name: str, first_search: bool = True, store: Path = STORE) -> Path:
     """Ingest a run directory, a comparison's --out or a result file into the store as `name`."""
-    from benchmarks.results_legacy import LEGACY, legacy_records
+    from benchmarks.results_legacy import is_legacy, legacy_records
 
     source = Path(source)
-    if source.is_dir() and (source / "eval.json").exists():
+    if is_legacy(source):  # first: one may hold an eval.json restored from the git history
+        records = legacy_records(source)
+    elif source.is_dir() and (source / "eval.json").exists():
         records = ingest_trainer_run(source, first_search)
     elif source.is_dir() and (source / "report.json").exists():
         records = ingest_comparison(source, first_search)
-    elif source.is_dir() and any(source.name.startswith(prefix) for prefix in LEGACY):
-        records = legacy_records(source)
     elif source.is_file():
         records = ingest_result(source, first_search)
     else:
@@ -222,22 +222,26 @@ def mean_over(runs: Sequence[StoredRun], metric: str, parts: Sequence[str] | str
     return {q: sum(s[q] for s in scores) / len(scores) for q in sorted(common)}
 
 
-def paired_stats(a: str, b: str, metric: str = "f1", store: Path = STORE) -> dict[str, float | int]:
-    """`a` - `b` by question (each side a comma-joined list of ``NAME[:PART]``, averaged per question)."""
+def paired_stats(
+    a: str, b: str, metric: str = "f1", store: Path = STORE, without_yes_no: bool = False
+) -> dict[str, float | int]:
+    """`a` - `b` by question (each side a comma-joined list of ``NAME[:PART]``, averaged per question); with
+    `without_yes_no`, over the questions whose gold answer is not yes or no."""
     from envs.stats import paired_difference, paired_permutation_p
 
-    sides = []
+    sides, yes_no = [], set()
     for side in (a, b):
         runs, parts = [], []
         for item in side.split(","):
             name, _, part = item.partition(":")
             run = load(name, store)
             if not run.questions:
-                raise SystemExit(f"{name}: the store holds no per-question results for it (it predates the store)")
+                raise SystemExit(f"{name}: the store holds no per-question results for it")
             runs.append(run)
             parts.append(part or "after")
+            yes_no |= {q["id"] for q in run.questions if q.get("first_search") == "yes/no"}
         sides.append(mean_over(runs, metric, parts))
-    questions = sorted(set(sides[0]) & set(sides[1]))
+    questions = sorted(set(sides[0]) & set(sides[1]) - (yes_no if without_yes_no else set()))
     if not questions:
         raise SystemExit(f"{a} and {b} share no scored question")
     x, y = [sides[0][q] for q in questions], [sides[1][q] for q in questions]

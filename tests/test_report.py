@@ -43,8 +43,11 @@ def test_the_store_keeps_its_size_budget_and_holds_no_text():
             assert not TEXT_KEYS & set(record), (name, sorted(TEXT_KEYS & set(record)))
 
 
-def _with_restored_metrics(source: Path, run: Any, into: Path) -> Path:
-    """A copy of a committed folder with the metrics rows the store holds for it written back where they were."""
+def _with_restored_history(source: Path, run: Any, into: Path) -> Path:
+    """A copy of a committed folder with what the store restored for it from the git history written back where it
+    was: the metrics rows, and the per-question results as evaluations holding the stored fields."""
+    from benchmarks.results_store import QUESTION_FIELDS
+
     copy = into / source.name
     shutil.copytree(source, copy)
     for row in run.metrics:
@@ -52,6 +55,17 @@ def _with_restored_metrics(source: Path, run: Any, into: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
             handle.write(json.dumps({k: v for k, v in row.items() if k not in ("record", "run")}) + "\n")
+    by_part: dict[str, list[dict[str, Any]]] = {}
+    for q in run.questions:
+        prediction = {"id": q["id"], "index": q["index"], **{k: q[n] for n, k in QUESTION_FIELDS.items() if n in q}}
+        if q["first_search"] == "yes/no":
+            prediction["gold_answers"] = ["yes"]
+        by_part.setdefault(q["part"], []).append(prediction)
+    if set(by_part) == {"after", "before"}:  # a main job's eval.json
+        (copy / "eval.json").write_text(json.dumps({part: {"predictions": p} for part, p in by_part.items()}))
+    for part, predictions in by_part.items() if set(by_part) != {"after", "before"} else ():
+        (copy / "evals").mkdir(exist_ok=True)
+        (copy / "evals" / f"{part}.json").write_text(json.dumps({"predictions": predictions}))
     return copy
 
 
@@ -63,15 +77,16 @@ def _committed(path: str) -> bool:
 def test_a_stored_run_of_committed_files_is_what_ingesting_them_again_gives(tmp_path):
     """The runs ingested from files in the repository (the comparisons' tables, the main jobs' eval.md and run.log,
     retrieval.json) re-ingest to the same bytes: the store says what those files say. Metrics rows restored from
-    the git history go back beside the folder's files first, and come out the same records."""
+    the git history (metrics rows, per-question results) go back beside the folder's files first, and come out the
+    same records."""
     again = 0
     for name in names():
         run = load(name)
         source = report.ROOT / run.header["source"]
         if not source.exists() or not _committed(run.header["source"]):
             continue  # a run folder in the git-ignored runs/ is there only on the machine that trained it
-        if run.metrics:
-            copy = _with_restored_metrics(source, run, tmp_path / "restored")
+        if run.metrics or run.questions:
+            copy = _with_restored_history(source, run, tmp_path / "restored")
             got = read_records(ingest(copy, name, store=tmp_path))
             got[0]["source"] = run.header["source"]
             assert got == read_records(STORE / f"{name}.jsonl.gz"), name
@@ -187,8 +202,34 @@ def test_an_evaluation_result_is_stored_and_its_row_recomputed(tmp_path, monkeyp
 
 
 def test_stats_refuses_runs_without_per_question_results():
-    with pytest.raises(SystemExit, match="no per-question results"):
-        report.paired_stats("compare-cpu-flat-84", "compare-cpu-coda-66")
+    with pytest.raises(SystemExit, match="retrieval: the store holds no per-question results for it"):
+        report.paired_stats("retrieval", "compare-cpu-coda-66")
+
+
+def test_the_restored_comparisons_pair_to_the_differences_their_tables_printed():
+    """Every paired row a recorded comparison printed, recomputed by question from the per-question results restored
+    into the store, gives the printed difference to its third decimal (the restored results are the runs' own)."""
+    from benchmarks.report_blocks import red_minus
+
+    checked = 0
+    for name in ("compare-cpu-flat-84", "compare-cpu-coda-66", "compare-cpu-flat-warm", "compare-cpu-flat"):
+        run = load(name)
+        for row in (r for r in run.rows if r["table"] == "paired"):
+            metric, _, rest = row["metric"].partition(" ")
+            got = red_minus(run, row["comparison"].removeprefix("red_grpo - "), metric, bool(rest))
+            assert round(got["difference"], 3) == pytest.approx(row["difference [95% CI]"]["mean"], abs=1e-9), row
+            assert got["n"] == (176 if rest else 200)
+            checked += 1
+    assert checked == 16 + 16 + 12 + 9
+
+
+def test_stats_leaves_out_yes_no_questions_when_asked(capsys):
+    red, grpo = "compare-cpu-flat-84:red_grpo-seed0", "compare-cpu-flat-84:grpo_sft-seed0"
+    assert report.paired_stats(red, grpo)["n"] == 200
+    assert report.paired_stats(red, grpo, without_yes_no=True)["n"] == 176
+    assert report.main(["stats", red, grpo, "--without-yes-no"]) == 0
+    out = capsys.readouterr().out
+    assert "f1 without yes/no" in out and "176 questions" in out
 
 
 def test_provenance_names_the_code_machine_packages_data_and_model(tmp_path):
