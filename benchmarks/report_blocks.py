@@ -240,6 +240,50 @@ def headline_f1() -> tuple[float, list[int]]:
     return mean(f1), [r.header["provenance"]["seed"] for r in runs]
 
 
+PRESET_HISTORY = (
+    ("demonstrations quote 12 words before answering", ("preset-history-flat-quote-seed0",),
+     ("preset-history-coda-quote-seed0",)),
+    ("answer-only demonstrations (`--quote-words 0`)", ("preset-history-flat-noquote-seed0",),
+     ("preset-history-coda-noquote-seed0", "preset-history-coda-noquote-seed1")),
+    ("gradient through the model's own tokens (`--no-context-grad`)",
+     ("preset-history-flat-ncg-seed0", "preset-history-flat-ncg-seed1"),
+     ("preset-history-coda-ncg-seed0", "preset-history-coda-ncg-seed1")),
+    ("faster sampler (few-row products, shared prefixes)", ("preset-history-flat-fast-seed0",),
+     ("preset-history-coda-fast-seed0",)),
+    ("oracle fix (the top passage counted as shown)", ("preset-history-flat-oracle-seed0",), ()),
+    ("CoDA: 2 planner + 6 executor contexts a minibatch; CoDA the default", (),
+     ("preset-history-coda-share-seed0", "preset-history-coda-share-seed1", "preset-history-coda-share-seed2",
+      "preset-history-coda-check-seed0")),
+    ("static decode steps on the CPU", (), ("preset-history-coda-static-seed0", "preset-history-coda-static-seed1")),
+    ("validation choice + question after results", (), MAIN_JOB_SEEDS),
+)  # fmt: skip
+"""The preset's history: each change, with the stored main jobs (flat, CoDA) that ran on the preset after it."""
+PRESET_HISTORY_NOTES = {"preset-history-coda-quote-seed0": "one torch thread, under load"}
+"""Runs of the history that ran under other conditions than the rest (idle, two torch threads)."""
+
+
+def _steps_f1(name: str) -> str:
+    """``steps, F1`` of a stored main job: F1 the mean of its per-question results, or, where they were never kept,
+    the F1 its eval.md table printed, marked ``eval.md``; any note of `PRESET_HISTORY_NOTES` after it."""
+    run = load(name)
+    after = _trained(run)
+    f1 = mean(q["f1"] for q in after) if after else _mean(_after(run)["F1"])
+    notes = ([] if after else ["eval.md"]) + ([PRESET_HISTORY_NOTES[name]] if name in PRESET_HISTORY_NOTES else [])
+    return f"{run.header['summary']['steps']}, {f1:.3f}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def preset_history(_: str = "") -> str:
+    """How the preset got here: one row a change of the cpu preset (`PRESET_HISTORY`), with the steps and held-out F1
+    (dev 0-99) of each stored main job that ran after it, flat and CoDA, seed by seed."""
+    lines = ["| preset change | flat: steps, F1 | CoDA: steps, F1 |", "|---|---|---|"]
+    for change, flat, coda in PRESET_HISTORY:
+        cells = ["; ".join(_steps_f1(name) for name in names) or "-" for names in (flat, coda)]
+        lines.append(f"| {change} | {cells[0]} | {cells[1]} |")
+    if any("(eval.md" in line for line in lines):
+        lines += ["", "(eval.md): the F1 the run's eval.md table printed; its per-question results were never kept."]
+    return "\n".join(lines)
+
+
 def first_search(names: str) -> str:
     """Stored trainer runs (comma-joined names), one row each: held-out F1 [95% CI] on the questions whose first search
     (the question itself as the query) showed a gold answer, on those where it did not, and on yes/no questions, with
@@ -424,5 +468,6 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "step-signal": step_signal,
     "first-search": first_search,
     "recorded-scale": recorded_scale,
+    "preset-history": preset_history,
 }
 """Every block a page may hold, by name (its argument, where it takes one, names a stored run)."""

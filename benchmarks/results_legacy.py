@@ -7,7 +7,8 @@
 A comparison folder (``compare-*``) kept ``table.md`` (and ``table.csv``): every table in it becomes ``row`` records
 (``table``: systems, paired, runs), and the header's command and machine the run's provenance. A main job folder
 (``main-job-*``) kept ``eval.md`` and ``run.log``: the before/after rows, the steps, the validation scores and the
-chosen step. Their commits and data hashes were never recorded, and the run record says so (``provenance.missing``).
+chosen step; one without ``run.log`` (older main jobs, restored whole from the git history) counts its steps from
+its metrics rows, one a step. Their commits and data hashes were never recorded (``provenance.missing``).
 Their metrics rows and per-question results left the tree but not the git history; restored beside the folder's
 files (a comparison's ``runs/<run>/metrics.jsonl`` and ``evals/<system>-seed<s>.json``, a main job's
 ``metrics.jsonl`` and ``eval.json``), they are stored too: the pages' figures are drawn from the metrics rows, and
@@ -120,8 +121,10 @@ def comparison_records(folder: Path) -> list[dict[str, Any]]:
 
 def main_job_records(folder: Path) -> list[dict[str, Any]]:
     """A committed main job folder's records: eval.md's before/after rows, run.log's steps and validation (F1 and
-    valid answers by step), and the metrics rows where ``metrics.jsonl`` is restored."""
-    log = (folder / "run.log").read_text(encoding="utf-8", errors="replace")
+    valid answers by step), and the metrics rows where ``metrics.jsonl`` is restored. Without run.log the steps are
+    the metrics rows' (`_without_log`)."""
+    has_log = (folder / "run.log").exists()
+    log = (folder / "run.log").read_text(encoding="utf-8", errors="replace") if has_log else ""
     evaluation = (folder / "eval.md").read_text(encoding="utf-8")
     steps = re.search(r"│ steps\s+│ (\d+)", log)
     chosen = re.search(r"final model's step \(F1 on (\d+)\s+│ (\d+) \(", log)
@@ -150,12 +153,32 @@ def main_job_records(folder: Path) -> list[dict[str, Any]]:
             "chosen_step": int(chosen[2]) if chosen else None,
             "validation_f1": {str(k): v for k, v in sorted(validation.items())},
         },
-        "files": ["eval.md", "run.log"] + (["metrics.jsonl"] if metrics else []) + (["eval.json"] if questions else []),
+        "files": ["eval.md"]
+        + (["run.log"] if has_log else [])
+        + (["metrics.jsonl"] if metrics else [])
+        + (["eval.json"] if questions else []),
     }
+    if not has_log:
+        _without_log(header, evaluation, metrics)
     if answered:
         header["summary"]["validation_answered"] = {str(k): v for k, v in sorted(answered.items())}
     table = markdown_tables(evaluation)[0]
     return [header, *({"record": "row", "table": "before_after", **row} for row in table), *questions, *metrics]
+
+
+def _without_log(header: dict[str, Any], evaluation: str, metrics: list[dict[str, Any]]) -> None:
+    """A main job folder without run.log: its steps are its metrics rows (one a step; none stored: unknown), its
+    validation fields stay empty (only run.log printed them), and its command is the cpu preset of the commit that
+    added the folder, with the agent eval.md names (``--protocol coda`` for CoDA, flat was once the default)."""
+    summary, provenance = header["summary"], header["provenance"]
+    summary["steps"] = len(metrics) if metrics else None
+    summary["steps_from"] = "metrics rows"
+    if " coda agent" in evaluation.splitlines()[0]:
+        provenance["command"] += " --protocol coda"
+    provenance["command_source"] = (
+        "the cpu preset of the commit that added the folder (no run.log: eval.md names the agent, the folder name "
+        "gives the seed)"
+    )
 
 
 def is_legacy(folder: Path) -> bool:

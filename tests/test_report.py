@@ -305,3 +305,80 @@ def test_the_recorded_scale_block_renders_a_stored_copy_of_printed_figures(tmp_p
         "| 3B, graphs | 15.6 s | 12.5 s (80%) | 1.42 | 1.47 | 0.08 | 3,919 | 4.10 | 68.1 GiB (estimate at start 79.8) |"
     )
     assert lines[4] == "| 135M, no step |  |  |  |  |  |  |  |  |"
+
+
+def test_the_preset_history_block_is_each_stored_runs_steps_and_f1():
+    """Every cell of the preset's history is its stored run's steps and the mean of its stored per-question F1 over
+    dev 0-99 (the eval.md row's F1, marked, where none were kept), and the rows hold the runs restored for them."""
+    from statistics import mean
+
+    from benchmarks.report_blocks import BLOCKS, PRESET_HISTORY
+
+    lines = BLOCKS["preset-history"]("").splitlines()
+    marked = 0
+    for change, *sides in PRESET_HISTORY:
+        row = next(line for line in lines if line.startswith(f"| {change} |"))
+        cells = row.strip("|").split(" | ")[1:]
+        for runs, cell in zip(sides, cells, strict=True):
+            assert cell.strip() == "-" if not runs else len(cell.split("; ")) == len(runs), row
+            for name, shown in zip(runs, cell.strip().split("; "), strict=False):
+                run = load(name)
+                after = [q for q in run.questions if q["part"] == "after"]
+                steps = run.header["summary"]["steps"]
+                if "run.log" not in run.header["files"]:
+                    assert steps == len(run.metrics) == max(m["step"] for m in run.metrics), name
+                if after:
+                    assert sorted(q["index"] for q in after) == list(range(100)), name
+                    assert shown == f"{steps}, {mean(q['f1'] for q in after):.3f}", name
+                    assert "per-question results" not in run.header["provenance"]["missing"], name
+                else:
+                    f1 = next(r for r in run.rows if r["model"].startswith("after"))["F1"]["mean"]
+                    assert shown.startswith(f"{steps}, {f1:.3f} (eval.md"), name
+                    assert "per-question results" in run.header["provenance"]["missing"], name
+                    marked += 1
+    assert marked == 3 and lines[-1].startswith("(eval.md): ")
+    expected = {
+        "answer-only demonstrations (`--quote-words 0`)": "| 28, 0.122 | 33, 0.240; 27, 0.142 |",
+        "oracle fix (the top passage counted as shown)": "| 84, 0.144 | - |",
+        "validation choice + question after results": "| - | 67, 0.218; 68, 0.176; 68, 0.167; 77, 0.212 |",
+    }
+    for change, cells in expected.items():
+        assert f"| {change} {cells}" in lines
+
+
+def _legacy_main_job(root: Path, with_results: bool) -> Path:
+    """A main job folder as the older ones were committed: eval.md, and with `with_results` metrics.jsonl (3 steps)
+    and eval.json, no run.log."""
+    folder = root / "main-job-cpu-x-seed2"
+    folder.mkdir()
+    (folder / "eval.md").write_text(
+        "Held-out: 4 dev questions, greedy, coda agent, training env settings.\n\n"
+        "| model | EM | F1 | valid answers |\n|---|---|---|---|\n"
+        "| before (start) | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] |\n"
+        "| after (trained) | 0.250 [0.000, 0.750] | 0.438 [0.000, 0.900] | 1.000 [1.000, 1.000] |\n"
+    )
+    if with_results:
+        rows = [json.dumps({"step": step, "loss_pg": 0.1}) + "\n" for step in (1, 2, 3)]
+        (folder / "metrics.jsonl").write_text("".join(rows))
+        evaluation = {"before": _evaluation([0.0] * 4), "after": _evaluation([1.0, 0.5, 0.0, 0.25])}
+        (folder / "eval.json").write_text(json.dumps(evaluation))
+    return folder
+
+
+@pytest.mark.parametrize("with_results", [True, False])
+def test_a_main_job_folder_without_run_log_counts_its_steps_from_its_metrics_rows(tmp_path, monkeypatch, with_results):
+    from benchmarks import report_blocks, results_store
+
+    folder = _legacy_main_job(tmp_path, with_results)
+    ingest(folder, "run-x", store=tmp_path)
+    run = load("run-x", store=tmp_path)
+    header = run.header
+    assert header["summary"]["steps"] == (3 if with_results else None)
+    assert header["summary"]["steps_from"] == "metrics rows"
+    assert header["provenance"]["command"] == "python -m algos.red_grpo --seed 2 --protocol coda"
+    assert header["files"] == (["eval.md", "metrics.jsonl", "eval.json"] if with_results else ["eval.md"])
+    lacking = {"per-question results", "metrics rows"} & set(header["provenance"]["missing"])
+    assert lacking == (set() if with_results else {"per-question results", "metrics rows"})
+    assert len(run.questions) == (8 if with_results else 0) and len(run.metrics) == (3 if with_results else 0)
+    monkeypatch.setattr(results_store, "STORE", tmp_path)
+    assert report_blocks._steps_f1("run-x") == ("3, 0.438" if with_results else "None, 0.438 (eval.md)")
