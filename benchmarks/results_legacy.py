@@ -26,6 +26,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_questions import question_records
+
 LEGACY = ("compare-", "main-job-")
 """The folder name prefixes this module reads."""
 MISSING = ["per-question results", "metrics rows", "code commit", "package versions", "data and model hashes"]
@@ -80,8 +82,6 @@ def _missing(metrics: list[dict[str, Any]], questions: list[dict[str, Any]]) -> 
 
 def _questions(result: dict[str, Any], part: str) -> list[dict[str, Any]]:
     """A restored evaluation's ``question`` records (no first-search class: these evaluations kept no settings)."""
-    from benchmarks.results_store import question_records
-
     return question_records(result, part, first_search=False)
 
 

@@ -23,23 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_questions import question_records
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STORE = RESULTS / "store"
 BUDGET_BYTES = 20 * 2**20
 """The most the whole store may hold (20 MiB)."""
-QUESTION_FIELDS = {
-    "em": "em",
-    "f1": "f1",
-    "answered": "answered",
-    "format": "format",
-    "searches": "num_searches",
-    "tasks": "num_tasks",
-    "invalid_actions": "invalid_actions",
-    "sampler_errors": "sampler_errors",
-    "retrieval_errors": "retrieval_errors",
-}
-"""A stored question's fields and the prediction keys they come from."""
 
 
 @dataclass
@@ -95,33 +85,6 @@ def load(name: str, store: Path = STORE) -> StoredRun:
 def store_bytes(store: Path = STORE) -> int:
     """The store's size on disk."""
     return sum(p.stat().st_size for p in store.glob("*.jsonl.gz"))
-
-
-def first_search_class(prediction: dict[str, Any], shown: dict[int, bool] | None) -> str | None:
-    """``yes/no``, ``shown`` (the question as the first query shows a gold answer) or ``not shown``; None unknown."""
-    from envs.first_search import is_yes_no
-
-    if prediction.get("gold_answers") and is_yes_no(prediction["gold_answers"][0]):
-        return "yes/no"
-    if shown is None or prediction.get("index") not in shown:
-        return None
-    return "shown" if shown[prediction["index"]] else "not shown"
-
-
-def question_records(result: dict[str, Any], part: str, first_search: bool) -> list[dict[str, Any]]:
-    """The ``question`` records of one evaluation result (its per-question predictions), answer text left out."""
-    shown = None
-    if first_search and result.get("settings", {}).get("env_kwargs") is not None:
-        from envs.first_search import searches_show
-
-        shown = searches_show(result)[0]
-    records = []
-    for p in result["predictions"]:
-        record = {"record": "question", "part": part, "id": str(p.get("id", p.get("index"))), "index": p.get("index")}
-        record.update({name: p[key] for name, key in QUESTION_FIELDS.items() if key in p})
-        record["first_search"] = first_search_class(p, shown)
-        records.append(record)
-    return records
 
 
 def _read_json(path: Path) -> Any:

@@ -46,7 +46,7 @@ def test_the_store_keeps_its_size_budget_and_holds_no_text():
 def _with_restored_history(source: Path, run: Any, into: Path) -> Path:
     """A copy of a committed folder with what the store restored for it from the git history written back where it
     was: the metrics rows, and the per-question results as evaluations holding the stored fields."""
-    from benchmarks.results_store import QUESTION_FIELDS
+    from benchmarks.results_questions import QUESTION_FIELDS
 
     copy = into / source.name
     shutil.copytree(source, copy)
