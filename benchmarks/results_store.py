@@ -192,12 +192,12 @@ def paired_stats(
     `without_yes_no`, over the questions whose gold answer is not yes or no."""
     from envs.stats import paired_difference, paired_permutation_p
 
-    sides, yes_no = [], set()
+    sides, yes_no, loaded = [], set(), {}
     for side in (a, b):
         runs, parts = [], []
         for item in side.split(","):
             name, _, part = item.partition(":")
-            run = load(name, store)
+            run = loaded[name] = loaded.get(name) or load(name, store)  # a comparison's seeds share one file
             if not run.questions:
                 raise SystemExit(f"{name}: the store holds no per-question results for it")
             runs.append(run)
