@@ -104,6 +104,41 @@ def systems(name: str) -> str:
     return "\n".join(lines)
 
 
+def comparison_steps(name: str) -> str:
+    """A stored comparison's steps from its runs' metrics rows, seed by seed: the RL steps, those where every group
+    tied (no advantage: the update is the SFT term alone), and for RED the steps where its SFT weight ``w`` sat at
+    5 (the accuracy factor's cap times an entropy weight of 1), above 5, at 1, and where its entropy weight sat at
+    its floor 1. "-" where the runs did not log what a column needs."""
+    run = load(name)
+    by_system: dict[str, list[list[dict[str, Any]]]] = {}
+    for part in sorted({r["run"] for r in run.metrics if "-seed" in r["run"]}):
+        steps = [r for r in run.metrics if r["run"] == part and "critic/rewards/mean" in r]
+        by_system.setdefault(part.rsplit("-seed", 1)[0], []).append(steps)
+
+    def per_seed(seeds: list[list[dict[str, Any]]], key: str, counted: Callable[[float], bool]) -> str:
+        if not all(key in r for steps in seeds for r in steps):
+            return "-"
+        return " / ".join(str(sum(counted(r[key]) for r in steps)) for steps in seeds)
+
+    lines = [
+        "| system | steps | steps where every group tied | RED's w at 5 / above 5 / at 1 | RED's entropy weight at 1 |",
+        "|---|---|---|---|---|",
+    ]
+    for system, seeds in by_system.items():
+        label = SYSTEM_LABELS.get(system.replace("-sft_coef", ":sft_coef="), system)
+        tied = per_seed(seeds, "critic/advantages/abs_mean", lambda a: a == 0)
+        weight = entropy = "-"
+        if system == "red_grpo":
+            weight = "; ".join(
+                per_seed(seeds, "sft/weight", test)
+                for test in (lambda w: abs(w - 5) < 1e-9, lambda w: w > 5 + 1e-9, lambda w: abs(w - 1) < 1e-9)
+            )
+            entropy = per_seed(seeds, "red/entropy_weight", lambda e: abs(e - 1) < 1e-9)
+        steps = " / ".join(str(len(s)) for s in seeds)
+        lines.append(f"| {label} | {steps} | {tied} | {weight} | {entropy} |")
+    return "\n".join(lines)
+
+
 def paired(name: str) -> str:
     """RED minus each other system of a stored comparison, the rows its own table printed, each recomputed by
     question from the stored per-question results (`red_minus`)."""
@@ -459,6 +494,7 @@ BLOCKS: dict[str, Callable[[str], str]] = {
     "comparison-headline": comparison_headline,
     "systems": systems,
     "paired": paired,
+    "comparison-steps": comparison_steps,
     "main-job-validation": main_job_validation,
     "env-overhead": env_overhead,
     "retrieval": retrieval,

@@ -266,6 +266,43 @@ def test_the_step_signal_block_reads_the_stored_metrics_rows(tmp_path, monkeypat
     assert text.splitlines()[3] == "| run-a | 3 | 0.33 | 2 | 0.33 | 0.00 | 6.67 |"
 
 
+def test_the_comparison_steps_block_counts_each_seeds_tied_steps_and_reds_weights(tmp_path, monkeypatch):
+    from benchmarks import results_store
+
+    def step(run: str, advantage: float | None, weight: float, entropy: float = 1.0) -> dict[str, Any]:
+        row = {"record": "metrics", "run": run, "critic/rewards/mean": -1.0, "sft/weight": weight}
+        if advantage is not None:
+            row["critic/advantages/abs_mean"] = advantage
+        return {**row, "red/entropy_weight": entropy} if run.startswith("red") else row
+
+    metrics = [
+        step("red_grpo-seed0", 0.0, 5.0), step("red_grpo-seed0", 0.01, 7.5, 1.5), step("red_grpo-seed0", 0.0, 1.0),
+        step("red_grpo-seed1", 0.2, 5.0), step("red_grpo-seed1", 0.2, 5.0),
+        step("grpo-seed0", None, 0.0), step("grpo-seed0", None, 0.0),
+        {"record": "metrics", "run": "warm-start", "sft/weight": 1.0},  # not a system's seed: left out
+    ]  # fmt: skip
+    write_records(tmp_path / "cmp.jsonl.gz", [{"record": "run", "name": "cmp", "kind": "comparison"}, *metrics])
+    monkeypatch.setattr(results_store, "STORE", tmp_path)
+    text, _ = report.rebuilt("<!-- report:comparison-steps cmp -->\n<!-- /report -->\n", "page.md")
+    assert text.splitlines()[3:5] == [
+        "| GRPO alone | 2 | - | - | - |",
+        "| GRPO + RED | 3 / 2 | 2 / 0 | 1 / 2; 1 / 0; 1 / 0 | 2 / 2 |",
+    ]
+
+
+def test_the_comparison_steps_block_on_the_stored_comparisons():
+    """The counts comparison.md's prose quotes, as the restored metrics rows give them."""
+    from benchmarks.report_blocks import comparison_steps
+
+    warm = comparison_steps("compare-cpu-flat-warm").splitlines()
+    assert warm[-1] == (
+        "| GRPO + RED | 84 / 84 / 84 | 51 / 52 / 43 | 43 / 47 / 42; 6 / 2 / 6; 19 / 26 / 26 | 72 / 82 / 77 |"
+    )
+    assert "| GRPO + RED | 24 / 24 / 24 | 6 / 7 / 10 | 17 / 18 / 22; 0 / 0 / 0; 4 / 3 / 0 | 24 / 24 / 24 |" in (
+        comparison_steps("compare-cpu-flat")
+    )
+
+
 def test_the_first_search_block_splits_the_stored_questions_by_what_the_first_search_showed(tmp_path, monkeypatch):
     from agents.evaluation import interval_method
     from benchmarks import results_store
