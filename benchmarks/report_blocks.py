@@ -74,6 +74,8 @@ def _system_side(run: StoredRun, system: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _paired(a: str, b: str, metric: str, without_yes_no: bool, store: str) -> dict[str, float | int]:
+    """`results_store.paired_stats`, once a process for each pair: the headline, README and a comparison's own rows
+    ask for the same pairs, and a report reads a store that does not change while it runs."""
     return results_store.paired_stats(a, b, metric, Path(store), without_yes_no)
 
 
