@@ -4,6 +4,7 @@
     python -m benchmarks.report --check                # exit 1 naming each block that differs (CI runs this)
     python -m benchmarks.report --redraw               # ... and draw every figure again, not only stale ones
     python -m benchmarks.report ingest RUN [--name N]  # a run directory, comparison or result file into the store
+    python -m benchmarks.report ingest FOLDER --command CMD  # a run older than the store, with its command
     python -m benchmarks.report stats A B [--metric f1] [--without-yes-no]   # paired by question: A - B, and p
 
 A page holds a block between ``<!-- report:NAME ARG -->`` and ``<!-- /report -->`` (`benchmarks.report_blocks`
@@ -92,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument("source", type=Path)
     ingest.add_argument("--name", default=None, help="its name in the store (default: the folder's or file's)")
     ingest.add_argument("--no-first-search", action="store_true", help="skip replaying first searches")
+    ingest.add_argument(
+        "--command",
+        dest="run_command",
+        default=None,
+        help="the command of a run that predates the store (compare-*, main-job-*), whose files do not name it",
+    )
     stats = commands.add_parser("stats", help="paired by question between two stored runs or sets of seeds")
     stats.add_argument("a", help="NAME[:PART][,NAME[:PART]...]")
     stats.add_argument("b", help="NAME[:PART][,NAME[:PART]...]")
@@ -106,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from benchmarks.results_store import ingest
 
         name = args.name or args.source.resolve().name.removesuffix(".json")
-        path = ingest(args.source.resolve(), name, first_search=not args.no_first_search, store=STORE)
+        first_search = not args.no_first_search
+        path = ingest(args.source.resolve(), name, first_search=first_search, store=STORE, command=args.run_command)
         print(f"stored {name}: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         return 0
     if args.command == "stats":

@@ -211,7 +211,8 @@ def main_job_validation(_: str = "") -> str:
 def held_out(names: str) -> str:
     """Stored trainer runs (comma-joined names), one row each, recomputed from their per-question outcomes: EM, F1
     and valid answers with the evaluation's intervals (`agents.evaluation.interval_method`), searches, and the
-    first-search split (questions whose first search showed the answer / did not / yes-no)."""
+    first-search split (questions whose first search showed the answer / did not / yes-no; "not replayed" where the
+    stored questions carry no split, as a run restored from before the store)."""
     from agents.evaluation import interval_method
     from envs.stats import mean_ci
 
@@ -226,13 +227,10 @@ def held_out(names: str) -> str:
         for field, metric in (("em", "em"), ("f1", "f1"), ("answered", "answered"), ("searches", "num_searches")):
             cells.append(mean_ci([q[field] for q in after], method=interval_method(metric)).format(3))
         split = [sum(q["first_search"] == c for q in after) for c in ("shown", "not shown", "yes/no")]
+        split_cell = " / ".join(map(str, split)) if sum(split) == len(after) else "not replayed"
         provenance = run.header.get("provenance") or {}
         steps = (run.header.get("summary") or {}).get("steps", len(run.metrics))
-        lines.append(
-            f"| {name} | {provenance.get('seed')} | {steps} | "
-            + " | ".join(cells)
-            + f" | {' / '.join(map(str, split))} |"
-        )
+        lines.append(f"| {name} | {provenance.get('seed')} | {steps} | " + " | ".join(cells) + f" | {split_cell} |")
     return "\n".join(lines)
 
 

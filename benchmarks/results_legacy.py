@@ -17,6 +17,8 @@ files (a comparison's ``runs/<run>/metrics.jsonl`` and ``evals/<system>-seed<s>.
     git archive dfe5c88^ benchmarks/results/compare-cpu-flat-84 | tar -x   # the last commit that held them
     python -m benchmarks.report ingest benchmarks/results/compare-cpu-flat-84
     git clean -fdx benchmarks/results/compare-cpu-flat-84                    # the restored files stay in history
+
+A lever's run records the preset's command unless told its own: ``ingest FOLDER --name N --command "python -m ..."``.
 """
 
 from __future__ import annotations
@@ -190,6 +192,14 @@ def is_legacy(folder: Path) -> bool:
         and not (folder / "report.json").exists()
         and not (folder / "summary.json").exists()
     )
+
+
+def stated(records: list[dict[str, Any]], command: str | None) -> list[dict[str, Any]]:
+    """`records` with the command given at ingest as the run's, where one is given: a lever's run was started with
+    flags that its files do not name, and the header's command would otherwise be the preset's."""
+    if command is not None:
+        records[0]["provenance"].update(command=command, command_source="given at ingest")
+    return records
 
 
 def legacy_records(folder: Path) -> list[dict[str, Any]]:

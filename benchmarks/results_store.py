@@ -157,13 +157,16 @@ def ingest_result(path: Path, first_search: bool = True) -> list[dict[str, Any]]
     return [header, *question_records(data, "after", first_search)]
 
 
-def ingest(source: Path, name: str, first_search: bool = True, store: Path = STORE) -> Path:
-    """Ingest a run directory, a comparison's --out or a result file into the store as `name`."""
-    from benchmarks.results_legacy import is_legacy, legacy_records
+def ingest(source: Path, name: str, first_search: bool = True, store: Path = STORE, command: str | None = None) -> Path:
+    """Ingest a run directory, a comparison's --out or a result file into the store as `name`. `command` states the
+    command of a run that predates the store, whose files do not name it (`benchmarks.results_legacy.stated`)."""
+    from benchmarks.results_legacy import is_legacy, legacy_records, stated
 
     source = Path(source)
+    if command is not None and not is_legacy(source):
+        raise SystemExit(f"{source}: --command is only for a run that predates the store (compare-*, main-job-*)")
     if is_legacy(source):  # first: one may hold an eval.json restored from the git history
-        records = legacy_records(source)
+        records = stated(legacy_records(source), command)
     elif source.is_dir() and (source / "eval.json").exists():
         records = ingest_trainer_run(source, first_search)
     elif source.is_dir() and (source / "report.json").exists():

@@ -183,7 +183,7 @@ def test_the_held_out_block_is_recomputed_from_the_stored_questions(tmp_path, mo
     text, changed = report.rebuilt("<!-- report:held-out run-a -->\n<!-- /report -->\n", "page.md")
     row = text.splitlines()[3]
     assert changed == ["page.md: held-out run-a"] and row.startswith("| run-a | 3 | 2 | ")
-    assert mean_ci(f1, method=interval_method("f1")).format(3) in row and row.endswith("| 0 / 0 / 1 |")
+    assert mean_ci(f1, method=interval_method("f1")).format(3) in row and row.endswith("| not replayed |")
     assert report_blocks.BLOCKS["held-out"]("run-a") in text
 
 
@@ -419,3 +419,29 @@ def test_a_main_job_folder_without_run_log_counts_its_steps_from_its_metrics_row
     assert len(run.questions) == (8 if with_results else 0) and len(run.metrics) == (3 if with_results else 0)
     monkeypatch.setattr(results_store, "STORE", tmp_path)
     assert report_blocks._steps_f1("run-x") == ("3, 0.438" if with_results else "None, 0.438 (eval.md)")
+    if with_results:  # its questions were never replayed for the first search: no split of zeros
+        row = report_blocks.BLOCKS["held-out"]("run-x").splitlines()[-1]
+        assert row.startswith("| run-x | 2 | 3 | ") and row.endswith(" | not replayed |")
+
+
+def test_the_command_given_at_ingest_is_a_legacy_runs_and_is_refused_for_any_other(tmp_path, monkeypatch):
+    """``ingest --command`` replaces the preset's command a legacy main job would record and says where it came from;
+    the rest of its provenance is what ingesting it without one gives. A run that records its own command refuses it
+    in one line and stores nothing."""
+    folder = _legacy_main_job(tmp_path, with_results=True)
+    store = tmp_path / "store"
+    monkeypatch.setattr(report, "STORE", store)
+    command = "python -m algos.red_grpo --seed 2 --lora --lr 1e-3"
+    assert report.main(["ingest", str(folder), "--name", "run-told", "--command", command]) == 0
+    ingest(folder, "run-untold", store=store)
+    told, untold = load("run-told", store).header["provenance"], load("run-untold", store).header["provenance"]
+    assert (told["command"], told["command_source"]) == (command, "given at ingest")
+    assert untold["command"] == "python -m algos.red_grpo --seed 2 --protocol coda"
+    assert {k: v for k, v in told.items() if not k.startswith("command")} == {
+        k: v for k, v in untold.items() if not k.startswith("command")
+    }
+    trainer_run = _run_dir(tmp_path, "a", [1.0, 0.0])
+    with pytest.raises(SystemExit) as refused:
+        report.main(["ingest", str(trainer_run), "--name", "run-a", "--command", command])
+    assert "--command is only for a run that predates the store" in str(refused.value)
+    assert "\n" not in str(refused.value) and not (store / "run-a.jsonl.gz").exists()
