@@ -65,7 +65,7 @@ def _system_side(run: StoredRun, system: str) -> str:
     (``start model``: the untrained model's part)."""
     if system == "start model":
         return f"{run.name}:untrained"
-    stem = re.escape(system.replace(":sft_coef=", "-sft_coef"))
+    stem = re.escape(results_store.system_slug(system))
     parts = sorted({q["part"] for q in run.questions if re.fullmatch(stem + r"-seed\d+", q["part"])})
     if not parts:
         raise SystemExit(f"{run.name}: the store holds no per-question results for {system}")
@@ -127,7 +127,7 @@ def comparison_steps(name: str) -> str:
         "|---|---|---|---|---|",
     ]
     for system, seeds in by_system.items():
-        label = SYSTEM_LABELS.get(system.replace("-sft_coef", ":sft_coef="), system)
+        label = next((v for k, v in SYSTEM_LABELS.items() if results_store.system_slug(k) == system), system)
         tied = per_seed(seeds, "critic/advantages/abs_mean", lambda a: a == 0)
         weight = entropy = "-"
         if system == "red_grpo":

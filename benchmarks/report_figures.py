@@ -143,10 +143,6 @@ def _systems(run: StoredRun) -> list[str]:
     return [r["algorithm"] for r in rows if "start model" not in r["algorithm"]]
 
 
-def _slug(system: str) -> str:
-    return system.replace(":", "-").replace(",", "-").replace("=", "")  # as benchmarks.compare names run folders
-
-
 @dataclass(frozen=True)
 class Figure:
     """One figure of one stored run: what it is drawn from, where it goes, and its caption."""
@@ -194,7 +190,7 @@ class Figure:
                 run_dirs: dict[str, list[Path]] = {}
                 for system, seeds in self.data["systems"]:
                     for seed, rows in enumerate(seeds):
-                        run_dir = Path(scratch) / f"{_slug(system)}-seed{seed}"
+                        run_dir = Path(scratch) / f"{results_store.system_slug(system)}-seed{seed}"
                         run_dir.mkdir()
                         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
                         run_dirs.setdefault(system, []).append(run_dir)
@@ -235,8 +231,9 @@ def _comparison(run: StoredRun, file: str, path: Path) -> Figure:
         by_run.setdefault(row.pop("run"), []).append(row)
     systems = []
     for system in _systems(run):
+        slug = results_store.system_slug(system)
         seeds = sorted(
-            (r for r in by_run if r.rsplit("-seed", 1)[0] == _slug(system)), key=lambda r: int(r.rsplit("-seed", 1)[1])
+            (r for r in by_run if r.rsplit("-seed", 1)[0] == slug), key=lambda r: int(r.rsplit("-seed", 1)[1])
         )
         if seeds:
             systems.append([system, [by_run[r] for r in seeds]])

@@ -180,6 +180,12 @@ def ingest(source: Path, name: str, first_search: bool = True, store: Path = STO
     return write_records(store / f"{name}.jsonl.gz", records)
 
 
+def system_slug(system: str) -> str:
+    """A comparison system's name as its runs' parts begin (``<slug>-seed<s>``), the way `benchmarks.compare` names
+    their folders: grpo_sft:sft_coef=0.4 -> grpo_sft-sft_coef0.4."""
+    return system.replace(":", "-").replace(",", "-").replace("=", "")
+
+
 def mean_over(runs: Sequence[StoredRun], metric: str, parts: Sequence[str] | str = "after") -> dict[str, float]:
     """Per question id, the mean of `metric` over `runs` (seeds, each its own part) on the questions all scored."""
     parts = [parts] * len(runs) if isinstance(parts, str) else list(parts)
